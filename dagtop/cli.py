@@ -1,0 +1,88 @@
+"""The ``dagtop`` command: parses arguments and hands over to the module that does the work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from dagtop import __version__
+from dagtop.sources import DEFAULT_ENDPOINT
+
+BOTTLENECKS = ("none", "io", "compute", "allreduce", "pcie")
+
+
+def _iteration_range(text: str) -> tuple[int | None, int | None]:
+    start, sep, stop = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected A:B, A: or :B")
+    try:
+        return (int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an iteration range: {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dagtop",
+        description="Live cross-rank critical path of distributed training. "
+        "With no command: collect from every rank and show the live screen.",
+    )
+    parser.add_argument("--version", action="version", version=f"dagtop {__version__}")
+    parser.add_argument("--bind", default=DEFAULT_ENDPOINT, help="endpoint the ranks publish to (default %(default)s)")
+    parser.add_argument("--ranks", type=int, default=None, help="ranks to expect (default: from the ranks' hello)")
+    sub = parser.add_subparsers(dest="command")
+
+    rec = sub.add_parser("record", help="collect headless into a recording")
+    rec.add_argument("--bind", default=DEFAULT_ENDPOINT, help="endpoint to bind (default %(default)s)")
+    rec.add_argument("-o", "--output", required=True, help="recording to write")
+    rec.add_argument("--iterations", type=int, default=None, help="stop once N iterations are complete on every rank")
+    rec.add_argument("--timeout", type=float, default=None, help="give up after S seconds with nothing received")
+    rec.add_argument("--ranks", type=int, default=None, help="ranks to expect (default: from the ranks' hello)")
+
+    rep = sub.add_parser("report", help="summarise a recording: bottleneck, straggler, critical path, what-if")
+    rep.add_argument("file", help="a recording made by `dagtop record` or `dagtop demo --record`")
+    rep.add_argument("--json", action="store_true", help="print JSON (schema in docs/report.md)")
+    rep.add_argument("--iterations", type=_iteration_range, default=None, metavar="A:B", help="analyse iterations A..B-1")
+
+    rpl = sub.add_parser("replay", help="the live screen, from a recording")
+    rpl.add_argument("file")
+    rpl.add_argument("--speed", type=float, default=1.0, help="playback speed (0: as fast as possible)")
+
+    demo = sub.add_parser("demo", help="run a real CPU DDP job (gloo) and watch it")
+    demo.add_argument("--ranks", type=int, default=2, help="ranks to spawn (default %(default)s)")
+    demo.add_argument("--bottleneck", choices=BOTTLENECKS, default="none", help="make one category slow, for real")
+    demo.add_argument("--straggler", type=int, default=None, metavar="RANK", help="make this rank slow in that category")
+    demo.add_argument("--iterations", type=int, default=None, help="iterations to run (default: until quit)")
+    demo.add_argument("--record", default=None, metavar="FILE", help="headless: record to FILE instead of the screen")
+    demo.add_argument("--bind", default=None, help="endpoint (default: a free port on 127.0.0.1)")
+    demo.add_argument("--device", default="cpu", help="cpu or cuda (pcie bottleneck needs cuda)")
+    demo.add_argument("--granularity", choices=("block", "layer"), default="block")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "record":
+        from dagtop.record import run_record
+
+        return run_record(args)
+    if args.command == "report":
+        from dagtop.report import run_report
+
+        return run_report(args)
+    if args.command == "demo":
+        from dagtop.demo.launch import run_demo
+
+        return run_demo(args)
+    if args.command == "replay":
+        from dagtop.ui.run import run_replay
+
+        return run_replay(args)
+    from dagtop.ui.run import run_live
+
+    return run_live(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Where frames come from: a live ZeroMQ socket or a recording, behind one small interface.
+
+The recorder, the report, the live screen and replay all run the same pipeline on a
+:class:`FrameSource`; only the source differs, so tests and screenshots need no sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import zmq
+
+from dagtop.recording import RawFrame, RecordingReader
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+
+
+class FrameSource(ABC):
+    """A stream of raw frames, read in batches by one thread."""
+
+    live: bool = False
+    """True for a running job, False for a recording."""
+
+    @abstractmethod
+    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
+        """Wait up to ``timeout_s`` for frames and return those available (at most ``max_frames``)."""
+
+    @property
+    @abstractmethod
+    def finished(self) -> bool:
+        """True once no frame will ever come again (a recording read to its end)."""
+
+    def close(self) -> None:
+        """Release the socket or file."""
+
+
+class ZmqSource(FrameSource):
+    """Binds a SUB socket that every rank's PUB connects to."""
+
+    live = True
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        self.endpoint = endpoint
+        self._context = context or zmq.Context.instance()
+        self._socket = self._context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.RCVHWM, 100_000)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._socket.bind(endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+
+    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
+        if not self._poller.poll(int(timeout_s * 1000)):
+            return []
+        frames = []
+        while len(frames) < max_frames:
+            try:
+                payload = self._socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            frames.append(RawFrame(time.perf_counter_ns(), payload))
+        return frames
+
+    @property
+    def finished(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+
+
+class RecordingSource(FrameSource):
+    """Plays a recording back, at its own pace times ``speed`` (0 means as fast as possible)."""
+
+    def __init__(self, path: str | os.PathLike[str], speed: float = 0.0) -> None:
+        self.reader = RecordingReader(path)
+        self.speed = speed
+        self._frames: Iterator[RawFrame] = iter(self.reader)
+        self._pending: RawFrame | None = None
+        self._done = False
+        self._first_received: int | None = None
+        self._started = 0.0
+
+    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
+        out: list[RawFrame] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < max_frames:
+            frame = self._pending or next(self._frames, None)
+            self._pending = None
+            if frame is None:
+                self._done = True
+                break
+            if self.speed > 0:
+                if self._first_received is None:
+                    self._first_received, self._started = frame.received_ns, time.monotonic()
+                due = self._started + (frame.received_ns - self._first_received) / 1e9 / self.speed
+                now = time.monotonic()
+                if due > now:
+                    if out or due > deadline:
+                        self._pending = frame
+                        if not out:
+                            time.sleep(max(0.0, deadline - now))
+                        break
+                    time.sleep(due - now)
+            out.append(frame)
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return self._done and self._pending is None
+
+    @property
+    def truncated(self) -> bool:
+        """True if the recording's tail was cut short (known once it has been read to the end)."""
+        return self.reader.truncated
