@@ -1,0 +1,189 @@
+"""Immutable results of the model: what the UI, the report and the tests read.
+
+The collector thread builds these and hands them over whole; nothing here is ever mutated
+after construction, so a snapshot can cross threads freely. Times are nanoseconds on the
+common clock (each rank's monotonic clock shifted by its estimated offset), durations in ms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+CATEGORIES = ("compute", "io", "pcie", "allreduce", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One timed task of one rank in one iteration."""
+
+    rank: int
+    lane: str
+    category: str
+    phase: str
+    name: str
+    start_ns: int
+    end_ns: int
+    bytes: int = 0
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One all-reduce across all ranks: it really starts when the last rank is ready."""
+
+    name: str
+    bytes: int
+    ready_ns: Mapping[int, int]
+    """Each rank's bucket-ready time."""
+    start_ns: int
+    """The latest ready time: the collective cannot start before every rank has issued it."""
+    end_ns: int
+    gating_rank: int
+    """The rank whose readiness was latest: the one the others waited for."""
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One stretch of the critical path."""
+
+    rank: int | None
+    """The rank the work ran on; None for a collective (all ranks at once)."""
+    category: str
+    phase: str
+    name: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """The rank whose readiness gates the collectives, where it lost the time and how much."""
+
+    rank: int
+    category: str
+    excess_ms: float
+    """Its time in ``category`` minus the median rank's, per iteration."""
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """The model's prediction for one change."""
+
+    change: str
+    iteration_ms: float
+    speedup: float
+
+
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    """One rank's line in the per-rank table."""
+
+    rank: int
+    iteration_ms: float
+    io_ms: float
+    pcie_ms: float
+    compute_ms: float
+    allreduce_ms: float
+    other_ms: float
+    deviation_ms: float
+    """iteration_ms minus the median rank's."""
+    straggler: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IterationAnalysis:
+    """Everything the model knows about one iteration across all ranks."""
+
+    iteration: int
+    complete: bool
+    """False when a rank's events never came; the rest of the fields then cover the ranks that did."""
+    ranks: tuple[int, ...]
+    origin_ns: int
+    """Start of the iteration on the common clock: timelines are drawn relative to it."""
+    measured_ms: float
+    predicted_ms: float
+    """The identity replay of the DAG: the paper's model of this iteration."""
+    tasks: tuple[Task, ...]
+    collectives: tuple[Collective, ...]
+    critical_path: tuple[Segment, ...]
+    shares: Mapping[str, float]
+    """Category → fraction of the critical path; sums to 1."""
+    bottleneck: str
+    straggler: Straggler | None
+    exposed_comm_ms: float
+    """Communication on the critical path: not hidden under compute."""
+    overlap_ratio: float
+    """Fraction of all-reduce time hidden under computation (1 = fully overlapped)."""
+    per_rank: tuple[RankRow, ...]
+    what_if: tuple[WhatIf, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    """A rank as the monitor knows it from its hello and its frames."""
+
+    rank: int
+    host: str
+    pid: int
+    device: str
+    model: str
+    params: int
+    last_iteration: int | None
+    last_seen_ns: int
+    """Monitor clock of the last frame from this rank."""
+    clock_offset_ns: int
+    """Estimated offset added to this rank's clock to put it on the common clock (0 on one host)."""
+    connected: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The whole state the screen draws, at one instant."""
+
+    iterations: tuple[IterationAnalysis, ...]
+    """Rolling window of analysed iterations, oldest first."""
+    ranks: tuple[RankInfo, ...]
+    ranks_expected: int
+    iterations_per_s: float
+    dropped: int
+    """Events or frames lost: reported in band by the ranks plus gaps in their sequence numbers."""
+    rejected: int
+    """Frames the monitor refused (malformed, wrong wire version, unknown rank)."""
+    last_rejection: str | None
+    incomplete: int
+    """Iterations given up on because a rank's events never came."""
+    received_ns: int
+    """Monitor clock when the newest frame folded in arrived (0 before any)."""
+    finished: bool = False
+    """The source will send nothing more (a recording read to its end)."""
+    notes: tuple[str, ...] = field(default=())
+    """Plain-language remarks for the user (e.g. the clock-offset estimate across hosts)."""
+
+    @property
+    def latest(self) -> IterationAnalysis | None:
+        return self.iterations[-1] if self.iterations else None
+
+
+EMPTY_SNAPSHOT = Snapshot(
+    iterations=(),
+    ranks=(),
+    ranks_expected=0,
+    iterations_per_s=0.0,
+    dropped=0,
+    rejected=0,
+    last_rejection=None,
+    incomplete=0,
+    received_ns=0,
+)

@@ -1,0 +1,122 @@
+"""Synthetic jobs: wire frames of a simulated WFBP data-parallel job, for tests and benchmarks.
+
+The simulation follows the seed paper's schedule: each rank loads, copies, runs forward
+block by block, then backward in reverse; a bucket becomes ready when the backward of its
+last block ends; bucket all-reduces run one at a time on a serial channel and start when
+every rank is ready (so a slow rank delays everyone); the update waits for all of them.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dagtop.recording import RawFrame
+from instrument import wire
+
+_MS = 1_000_000
+
+
+@dataclass(frozen=True)
+class SyntheticJob:
+    """Durations (ms) of a simulated job; ``slow_*`` multiply one category on slow ranks."""
+
+    ranks: int = 2
+    blocks: int = 6
+    buckets: int = 3
+    io_ms: float = 4.0
+    h2d_ms: float = 0.5
+    forward_ms: float = 3.0
+    backward_ms: float = 6.0
+    update_ms: float = 1.5
+    bucket_bytes: int = 4_000_000
+    allreduce_ms_per_mb: float = 0.8
+    allreduce_alpha_ms: float = 0.2
+    gap_ms: float = 0.05
+    """Untimed host work between consecutive tasks on the training thread."""
+    jitter: float = 0.02
+    slow_ranks: Sequence[int] = ()
+    slow_category: str = "io"
+    slow_factor: float = 4.0
+
+
+def _slow(job: SyntheticJob, rank: int, category: str) -> float:
+    return job.slow_factor if rank in job.slow_ranks and category == job.slow_category else 1.0
+
+
+def synthetic_frames(
+    job: SyntheticJob = SyntheticJob(),
+    iterations: int = 10,
+    seed: int = 0,
+    start_ns: int = 1_000_000_000,
+    first_iteration: int = 0,
+    hello: bool = True,
+) -> list[RawFrame]:
+    """Simulate ``iterations`` of ``job`` and return the frames all ranks would send, in arrival order."""
+    rng = random.Random(seed)
+    host = socket.gethostname()
+
+    def d(ms: float) -> int:
+        return max(1, int(ms * _MS * (1.0 + rng.uniform(-job.jitter, job.jitter))))
+
+    frames: list[tuple[int, bytes]] = []
+    seq = [0] * job.ranks
+    if hello:
+        for r in range(job.ranks):
+            h = wire.Hello(seq[r], r, job.ranks, r, host, 10_000 + r, "cpu", "synthetic", "SyntheticNet",
+                           11_000_000, "block", 1_700_000_000 * 10**9, start_ns)
+            frames.append((start_ns, wire.encode_hello(h)))
+            seq[r] += 1
+
+    gap = int(job.gap_ms * _MS)
+    clock = [start_ns] * job.ranks
+    blocks = [f"block{b}" for b in range(job.blocks)]
+    # Buckets fill from the last block backwards, as DDP orders them.
+    per_bucket = max(1, job.blocks // job.buckets)
+    bucket_of_block = {b: min((job.blocks - 1 - b) // per_bucket, job.buckets - 1) for b in range(job.blocks)}
+
+    for it in range(first_iteration, first_iteration + iterations):
+        events: list[list[tuple[str, str, str, str, int, int, int]]] = [[] for _ in range(job.ranks)]
+        ready: list[list[int]] = [[0] * job.buckets for _ in range(job.ranks)]
+        backward_end = [0] * job.ranks
+        for r in range(job.ranks):
+            t = clock[r] + gap
+            for category, phase, name, ms in (("io", "load", "next", job.io_ms), ("pcie", "h2d", "to_device", job.h2d_ms)):
+                dur = d(ms * _slow(job, r, category))
+                events[r].append((category, phase, name, "main", t, t + dur, 0))
+                t += dur + gap
+            for b in blocks:
+                dur = d(job.forward_ms / job.blocks * _slow(job, r, "compute"))
+                events[r].append(("compute", "forward", b, "main", t, t + dur, 0))
+                t += dur + gap
+            for b_index in reversed(range(job.blocks)):
+                dur = d(job.backward_ms / job.blocks * _slow(job, r, "compute"))
+                events[r].append(("compute", "backward", blocks[b_index], "main", t, t + dur, 0))
+                t += dur
+                bucket = bucket_of_block[b_index]
+                ready[r][bucket] = max(ready[r][bucket], t)
+                t += gap
+            backward_end[r] = t
+        channel = 0
+        bucket_end = []
+        for k in range(job.buckets):
+            start = max(max(ready[r][k] for r in range(job.ranks)), channel)
+            mb = job.bucket_bytes / 1e6
+            slow = max(_slow(job, r, "allreduce") for r in range(job.ranks))
+            end = start + d((job.allreduce_alpha_ms + job.allreduce_ms_per_mb * mb) * slow)
+            channel = end
+            bucket_end.append(end)
+            for r in range(job.ranks):
+                events[r].append(("allreduce", "allreduce", f"bucket {k}", "comm", ready[r][k], end, job.bucket_bytes))
+        for r in range(job.ranks):
+            t = max(backward_end[r], channel) + gap
+            dur = d(job.update_ms * _slow(job, r, "compute"))
+            events[r].append(("compute", "update", "optimizer.step", "main", t, t + dur, 0))
+            clock[r] = t + dur
+            frames.append((t + dur + 200_000, wire.encode_iteration(seq[r], r, it, events[r], 0)))
+            seq[r] += 1
+
+    frames.sort(key=lambda f: f[0])
+    return [RawFrame(received, payload) for received, payload in frames]
