@@ -1,1 +1,69 @@
 """dagtop's training-rank shim: time the tasks of every iteration and publish them, never hurting training."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from instrument.tracer import DEFAULT_ENDPOINT, NullTracer, Tracer
+
+__all__ = ["attach", "Tracer", "NullTracer", "DEFAULT_ENDPOINT"]
+
+
+def _topology() -> tuple[int, int, int]:
+    """(rank, world size, local rank): from torch.distributed if initialised, else torchrun's env, else 0/1/0."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def attach(
+    model: Any,
+    optimizer: Any,
+    *,
+    granularity: str = "block",
+    sample_every: int = 0,
+    endpoint: str | None = None,
+) -> Tracer | NullTracer:
+    """Instrument a model (plain or DDP-wrapped) and its optimizer; returns the rank's tracer.
+
+    Args:
+        model: the module being trained, or its DistributedDataParallel wrapper (then every bucket's
+            all-reduce is timed too).
+        optimizer: its optimizer; ``step()`` is the update and ends the iteration.
+        granularity: "block" times the model's top-level children on every iteration; "layer" times
+            every leaf module with parameters on every iteration.
+        sample_every: with "block", per-layer detail on one iteration in K (iterations 0, K, 2K, ...);
+            0 never.
+        endpoint: where the monitor listens; default ``$DAGTOP_ENDPOINT`` or tcp://127.0.0.1:5555.
+
+    ``DAGTOP_DISABLE=1`` returns a :class:`NullTracer` with the same methods. If attaching fails, the
+    failure is reported with one warning and a NullTracer is returned: training never stops for dagtop.
+    """
+    if os.environ.get("DAGTOP_DISABLE", "") not in ("", "0"):
+        return NullTracer()
+    if granularity not in ("block", "layer"):
+        raise ValueError(f"granularity must be 'block' or 'layer', not {granularity!r}")
+    if sample_every < 0:
+        raise ValueError("sample_every must be >= 0")
+    try:
+        rank, world, local_rank = _topology()
+        return Tracer(
+            model,
+            optimizer,
+            rank=rank,
+            world=world,
+            local_rank=local_rank,
+            endpoint=endpoint or os.environ.get("DAGTOP_ENDPOINT") or DEFAULT_ENDPOINT,
+            granularity=granularity,
+            sample_every=sample_every,
+        )
+    except Exception as exc:  # noqa: BLE001 - an unsupported model must not stop training
+        warnings.warn(f"dagtop: could not attach ({type(exc).__name__}: {exc}); training continues untimed",
+                      RuntimeWarning, stacklevel=2)
+        return NullTracer()

@@ -1,0 +1,72 @@
+"""All-reduce timing of every DDP gradient bucket, through a comm hook that wraps the default all-reduce."""
+
+# No `from __future__ import annotations` here: DDP inspects the hook's annotations and wants real types.
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from instrument import wire
+from instrument.timing import Stamp
+
+
+class BucketTimer:
+    """Wraps DDP's default all-reduce to time each bucket from ready (hook called) to done (future complete).
+
+    On gloo the future completes when the all-reduce is over on this rank, so the CPU clock is right; the
+    span includes waiting for the slowest rank, which is intended (the monitor starts the collective at the
+    latest ready across ranks). On NCCL the future completes at enqueue, so ``comm_stamp`` records CUDA
+    events on the current stream instead: in the hook (after the bucket's gradients) and in the ``then``
+    callback, which torch runs on a stream that waits for the collective.
+    """
+
+    def __init__(
+        self,
+        ddp: "torch.nn.parallel.DistributedDataParallel",
+        sink: Callable[[tuple[Any, ...]], None],
+        stamp: Stamp,
+        enabled: Callable[[], bool],
+        fail: Callable[[BaseException], None],
+    ) -> None:
+        self._sink = sink
+        self._stamp = stamp
+        self._enabled = enabled
+        self._fail = fail
+        self._names = {id(p): n for n, p in ddp.module.named_parameters()}
+        self.capture = False
+        """While True (one iteration once the buckets are final), the hook notes each bucket's parameters."""
+        self.buckets: dict[int, wire.Bucket] = {}
+        # Raises if a comm hook is already registered or training has begun; attach() handles that.
+        ddp.register_comm_hook(ddp.process_group, self._hook)
+
+    def _hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if not self._enabled():
+            return allreduce_hook(state, bucket)
+        try:
+            ready = self._stamp()
+            index = bucket.index()
+            buffer = bucket.buffer()
+            size = buffer.numel() * buffer.element_size()
+            if self.capture:
+                names = tuple(self._names.get(id(p), "?") for p in bucket.parameters())
+                self.buckets[index] = wire.Bucket(index, size, names)
+        except Exception as exc:  # noqa: BLE001 - never reach the training loop
+            self._fail(exc)
+            return allreduce_hook(state, bucket)
+        name = f"bucket {index}"
+        sink, stamp = self._sink, self._stamp
+
+        def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            try:
+                sink(("allreduce", "allreduce", name, "comm", ready, stamp(), size))
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc)
+            return fut.value()  # a failed collective raises here, as it would without dagtop
+
+        return allreduce_hook(state, bucket).then(done)
+
+    def final_buckets(self) -> "list[wire.Bucket]":
+        return [self.buckets[i] for i in sorted(self.buckets)]

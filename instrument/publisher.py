@@ -1,0 +1,186 @@
+"""The publisher: one daemon thread that owns the ZeroMQ socket; the training thread only enqueues."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol
+
+import zmq
+
+from instrument import wire
+
+QUEUE_FRAMES: Final = 1024
+"""Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
+
+SNDHWM: Final = 1000
+POLL_S: Final = 0.02
+"""How often the publisher thread looks at the queue: latency the monitor never notices, zero cost to training."""
+
+HELLO_EVERY_S: Final = 2.0
+"""A monitor started after the job, or a hello lost to ZeroMQ's slow joiner, must not leave the monitor blind."""
+
+HELLO_EARLY_S: Final = (0.2, 0.7)
+"""Extra hellos soon after start, when the first one most likely went nowhere (connection not up yet)."""
+
+
+class GpuResolver(Protocol):
+    """Turns an iteration's CUDA events into CPU-clock nanoseconds once the GPU has run them."""
+
+    def ready(self, events: Sequence[tuple[Any, ...]]) -> bool: ...
+
+    def resolve(self, events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]: ...
+
+    def calibrate(self) -> None: ...
+
+
+class Publisher:
+    """Encodes and sends a rank's frames from a background thread, counting what it drops.
+
+    Args:
+        endpoint: where the monitor's SUB socket is bound; this side connects.
+        hello: builds the rank's hello (called on the publisher thread, with the next seq).
+        on_error: called once, on the publisher thread, if the thread itself fails.
+        resolver: resolves CUDA events; None on CPU.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        rank: int,
+        hello: Callable[[int], wire.Hello],
+        on_error: Callable[[BaseException], None],
+        resolver: GpuResolver | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.rank = rank
+        self._hello = hello
+        self._on_error = on_error
+        self._resolver = resolver
+        self._queue: collections.deque[tuple[str, Any, Any]] = collections.deque()
+        self.dropped_queue = 0
+        """Frames the training thread could not enqueue (queue full); written by that thread only."""
+        self.dropped_send = 0
+        """Frames the socket refused (zmq.Again: the monitor is not keeping up); written by this thread only."""
+        self.seq = 0
+        self.iterations = 0
+        self._buckets: list[wire.Bucket] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dagtop-publisher", daemon=True)
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_queue + self.dropped_send
+
+    # ------------------------------------------------------------------ training thread
+
+    def put_iteration(self, iteration: int, events: list[tuple[Any, ...]]) -> None:
+        """Hand one iteration's events over; never blocks, drops (and counts) when the queue is full."""
+        if len(self._queue) >= QUEUE_FRAMES:
+            self.dropped_queue += 1
+            return
+        self._queue.append(("iter", iteration, events))
+
+    def put_buckets(self, buckets: list[wire.Bucket]) -> None:
+        """The final bucket map; sent now and again with every hello."""
+        self._queue.append(("buckets", buckets, None))
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Flush what is queued, say bye, and stop; never waits more than ``timeout_s``."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------------ publisher thread
+
+    def _run(self) -> None:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sock = context.socket(zmq.XPUB)
+        try:
+            # XPUB, unlike PUB, says zmq.Again at the high-water mark instead of dropping silently, so drops
+            # are counted; and it tells us when a monitor subscribes, so the hello goes out at once.
+            sock.setsockopt(zmq.XPUB_NODROP, 1)
+            sock.setsockopt(zmq.SNDHWM, SNDHWM)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.endpoint)
+            self._loop(sock)
+        except BaseException as exc:  # noqa: BLE001 - the thread must never die silently nor raise into training
+            self._on_error(exc)
+        finally:
+            sock.close(linger=0)
+            context.term()
+
+    def _send(self, sock: zmq.Socket[bytes], payload: bytes) -> None:
+        self.seq += 1
+        try:
+            sock.send(payload, zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped_send += 1
+
+    def _send_hello(self, sock: zmq.Socket[bytes]) -> None:
+        self._send(sock, wire.encode_hello(self._hello(self.seq)))
+        if self._buckets is not None:
+            self._send(sock, wire.encode_buckets(wire.Buckets(self.seq, self.rank, tuple(self._buckets))))
+
+    def _loop(self, sock: zmq.Socket[bytes]) -> None:
+        started = time.monotonic()
+        early = list(HELLO_EARLY_S)
+        self._send_hello(sock)
+        last_hello = time.monotonic()
+        last_calibration = 0.0
+        while True:
+            stopping = self._stop.is_set()
+            if self._subscribed(sock):
+                self._send_hello(sock)
+                last_hello = time.monotonic()
+            now = time.monotonic()
+            if (early and now - started >= early[0]) or now - last_hello >= HELLO_EVERY_S:
+                if early and now - started >= early[0]:
+                    early.pop(0)
+                self._send_hello(sock)
+                last_hello = now
+            if self._resolver is not None and now - last_calibration >= 1.0:
+                self._resolver.calibrate()
+                last_calibration = now
+            self._drain(sock, stopping)
+            if stopping:
+                self._send(sock, wire.encode_bye(wire.Bye(self.seq, self.rank, self.iterations, self.dropped)))
+                return
+            self._stop.wait(POLL_S)
+
+    def _subscribed(self, sock: zmq.Socket[bytes]) -> bool:
+        """True if a monitor subscribed since the last look (XPUB hands us b'\\x01' + topic)."""
+        joined = False
+        while True:
+            try:
+                message = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return joined
+            joined = joined or message[:1] == b"\x01"
+
+    def _drain(self, sock: zmq.Socket[bytes], stopping: bool) -> None:
+        while self._queue:
+            kind, body, events = self._queue[0]
+            if kind == "buckets":
+                self._queue.popleft()
+                self._buckets = body
+                self._send(sock, wire.encode_buckets(wire.Buckets(self.seq, self.rank, tuple(body))))
+                continue
+            if self._resolver is not None:
+                if not self._resolver.ready(events):
+                    if not stopping:
+                        return  # the GPU has not run this iteration yet; later ones are behind it
+                    self._queue.popleft()  # a closing rank does not wait for the GPU
+                    self.dropped_send += 1
+                    continue
+                events = self._resolver.resolve(events)
+            self._queue.popleft()
+            self.iterations = body + 1
+            self._send(sock, wire.encode_iteration(self.seq, self.rank, body, events, self.dropped))

@@ -1,0 +1,340 @@
+"""The tracer a training rank holds: loader, copy and custom-task timing, the iteration boundary, and attach()."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
+
+from instrument import wire
+
+DEFAULT_ENDPOINT: Final = "tcp://127.0.0.1:5555"
+CLOSE_TIMEOUT_S: Final = 2.0
+
+_live_tracers: weakref.WeakSet[Tracer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked DataLoader worker inherits the tracer but not its thread; it must never touch the zmq context.
+    for tracer in list(_live_tracers):
+        tracer._forked = True
+        tracer._on = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def move(batch: Any, device: Any, non_blocking: bool = False) -> tuple[Any, int]:
+    """Copy the tensors of ``batch`` (a tensor, or tuples, lists and dicts of them) to ``device``; count bytes."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking), batch.numel() * batch.element_size()
+    if isinstance(batch, (tuple, list)):
+        moved = [move(item, device, non_blocking) for item in batch]
+        items = [m[0] for m in moved]
+        size = sum(m[1] for m in moved)
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+            return type(batch)(*items), size
+        return type(batch)(items), size
+    if isinstance(batch, dict):
+        out = {}
+        size = 0
+        for key, item in batch.items():
+            out[key], n = move(item, device, non_blocking)
+            size += n
+        return out, size
+    return batch, 0
+
+
+class TimedLoader:
+    """Wraps an iterable; times each ``next()``: the wait the training loop sees."""
+
+    def __init__(self, tracer: Tracer, iterable: Iterable[Any]) -> None:
+        self._tracer = tracer
+        self._iterable = iterable
+
+    def __len__(self) -> int:
+        return len(self._iterable)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self._iterable)
+        now = time.perf_counter_ns
+        tracer = self._tracer
+        while True:
+            start = now()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            if tracer._on:
+                tracer._events.append(("io", "load", "next", "main", start, now(), 0))
+            yield item
+
+
+class NullTracer:
+    """What attach() returns with ``DAGTOP_DISABLE=1`` (or after a failure): same methods, no timing."""
+
+    rank = 0
+    world = 1
+    iteration = 0
+    enabled = False
+
+    def loader(self, iterable: Iterable[Any]) -> Iterable[Any]:
+        return iterable
+
+    def to_device(self, batch: Any, device: Any) -> Any:
+        return move(batch, device)[0]
+
+    def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
+
+
+class _Task:
+    """A custom task: times a ``with`` block on the training thread."""
+
+    __slots__ = ("_tracer", "_name", "_category", "_start")
+
+    def __init__(self, tracer: Tracer, name: str, category: str) -> None:
+        if category not in wire.CATEGORIES:
+            raise ValueError(f"unknown category {category!r}; one of {', '.join(wire.CATEGORIES)}")
+        self._tracer, self._name, self._category, self._start = tracer, name[: wire.MAX_NAME_CHARS], category, 0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter_ns()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tracer._on:
+            self._tracer._events.append(
+                (self._category, "custom", self._name, "main", self._start, time.perf_counter_ns(), 0)
+            )
+
+
+class Tracer:
+    """Times one rank's iterations and hands each one to the publisher when ``optimizer.step()`` returns.
+
+    Built by :func:`instrument.attach`; the constructor takes already-resolved settings.
+    """
+
+    def __init__(self, model: Any, optimizer: Any, *, rank: int, world: int, local_rank: int,
+                 endpoint: str, granularity: str, sample_every: int) -> None:
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+        self.endpoint = endpoint
+        self.granularity = granularity
+        self.sample_every = sample_every
+        self.iteration = 0
+        self._on = True
+        self._forked = False
+        self._warned = threading.Lock()
+        self._closed = False
+        self._events: list[tuple[Any, ...]] = []
+        self._handles: list[Any] = []
+        self._comm: Any = None
+        self._blocks: Any = None
+        self._layers: Any = None
+        try:
+            self._install(model, optimizer)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._remove_hooks()
+            if hasattr(self, "_publisher"):
+                self._publisher.close(0.0)
+            raise
+        _live_tracers.add(self)
+        atexit.register(self.close)
+
+    def _install(self, model: Any, optimizer: Any) -> None:
+        import torch
+
+        from instrument.publisher import Publisher
+        from instrument.timing import UnitTimer, block_units, layer_units
+
+        ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
+        self._module = module = ddp.module if ddp is not None else model
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self._cuda: Any = None
+        if self.device.type == "cuda":
+            from instrument.cuda import CudaTiming
+
+            self._cuda = CudaTiming(self.device)
+        stamp = self._cuda.stamp if self._cuda is not None else time.perf_counter_ns
+        self._stamp = stamp
+        self._lane = "gpu" if self._cuda is not None else "main"
+
+        enabled = self._enabled
+        self._blocks = UnitTimer(block_units(module), self._emit, stamp, self._lane, enabled, self._fail)
+        self._layers = UnitTimer(layer_units(module), self._emit, stamp, self._lane, enabled, self._fail)
+        self._detailed_now = False
+        self._switch_units(self._detailed(0))
+        self._handles.append(optimizer.register_step_pre_hook(self._on_step_start))
+        self._handles.append(optimizer.register_step_post_hook(self._on_step_end))
+        self._update_start: Any = None
+        self._params = sum(p.numel() for p in module.parameters())
+        self._model_name = type(module).__name__
+        self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda)
+        if ddp is not None:
+            from instrument.comm import BucketTimer
+
+            # Last: a comm hook cannot be unregistered, so nothing that can still fail comes after it.
+            self._comm = BucketTimer(ddp, self._emit, self._comm_stamp(ddp), enabled, self._fail)
+
+    @property
+    def enabled(self) -> bool:
+        """False once the shim has disabled itself or been closed."""
+        return self._on
+
+    # ------------------------------------------------------------------ the attach API
+
+    def loader(self, iterable: Iterable[Any]) -> TimedLoader:
+        """Iterate ``iterable`` timing each wait: ("io", "load", "next", "main")."""
+        return TimedLoader(self, iterable)
+
+    def to_device(self, batch: Any, device: Any) -> Any:
+        """Copy a batch to ``device`` timing it: ("pcie", "h2d", "to_device", "main" on CPU / "copy" on CUDA)."""
+        if not self._on:
+            return move(batch, device)[0]
+        try:
+            if self._cuda is not None and _is_cuda(device):
+                from instrument.cuda import move_on_copy_stream
+
+                out, size, start, end = move_on_copy_stream(self._cuda, batch, _device(device), move)
+                self._events.append(("pcie", "h2d", "to_device", "copy", start, end, size))
+                return out
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+            return move(batch, device)[0]
+        start = time.perf_counter_ns()
+        out, size = move(batch, device)
+        if self._on:
+            self._events.append(("pcie", "h2d", "to_device", "main", start, time.perf_counter_ns(), size))
+        return out
+
+    def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
+        """Time a ``with`` block as (category, "custom", name, "main")."""
+        return _Task(self, name, category) if self._on else contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Stop timing, flush, say bye. Idempotent, registered with atexit, never hangs."""
+        if self._closed:
+            return
+        self._closed = True
+        self._on = False
+        atexit.unregister(self.close)
+        self._remove_hooks()
+        if not self._forked:
+            self._publisher.close(CLOSE_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ internals
+
+    def _enabled(self) -> bool:
+        return self._on
+
+    def _emit(self, event: tuple[Any, ...]) -> None:
+        # list.append is atomic: hooks on autograd and gloo threads may call this concurrently.
+        self._events.append(event)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Any internal error: stop timing and publishing, warn once, let training go on."""
+        if not self._warned.acquire(blocking=False):
+            return
+        self._on = False
+        warnings.warn(
+            f"dagtop: the instrument shim disabled itself after an internal error ({type(exc).__name__}: {exc}); "
+            "training continues untimed",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        with contextlib.suppress(Exception):
+            self._remove_hooks()
+        if not self._forked and hasattr(self, "_publisher"):
+            self._publisher.close(0.0)
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for units in (self._blocks, self._layers):
+            if units is not None:
+                units.remove()
+
+    def _detailed(self, iteration: int) -> bool:
+        return self.granularity == "layer" or (self.sample_every > 0 and iteration % self.sample_every == 0)
+
+    def _switch_units(self, detailed: bool) -> None:
+        """Per-layer hooks on detailed iterations, block hooks otherwise: never both (they would overlap)."""
+        if detailed and not self._layers.installed:
+            self._blocks.remove()
+            self._layers.install()
+        elif not detailed and not self._blocks.installed:
+            self._layers.remove()
+            self._blocks.install()
+        self._detailed_now = detailed
+
+    def _comm_stamp(self, ddp: Any) -> Any:
+        # NCCL futures complete at enqueue, so a CUDA job times its collectives on the stream.
+        return self._cuda.stamp if self._cuda is not None else time.perf_counter_ns
+
+    def _on_step_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._on:
+            try:
+                # Backward is over: units whose backward ends at their last gradient accumulation are done.
+                (self._layers if self._detailed_now else self._blocks).flush()
+                self._update_start = self._stamp()
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc)
+
+    def _on_step_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The iteration boundary: emit the update, hand the iteration to the publisher, start the next."""
+        if not self._on:
+            return
+        try:
+            if self._update_start is not None:
+                self._events.append(("compute", "update", "optimizer.step", self._lane, self._update_start,
+                                     self._stamp(), 0))
+                self._update_start = None
+            events, self._events = self._events, []
+            self._publisher.put_iteration(self.iteration, events)
+            self.iteration += 1
+            if self._comm is not None:
+                # Buckets are rebuilt after iteration 0: note them during iteration 1, send them after it.
+                self._comm.capture = self.iteration == 1
+                if self.iteration == 2:
+                    self._publisher.put_buckets(self._comm.final_buckets())
+            detailed = self._detailed(self.iteration)
+            if detailed != self._detailed_now:
+                self._switch_units(detailed)
+            if not self._publisher.alive:
+                raise RuntimeError("the publisher thread stopped")
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def _hello(self, seq: int) -> wire.Hello:
+        import torch
+
+        return wire.Hello(
+            seq=seq, rank=self.rank, world=self.world, local_rank=self.local_rank,
+            host=socket.gethostname()[: wire.MAX_NAME_CHARS], pid=os.getpid(), device=str(self.device),
+            torch=torch.__version__, model=self._model_name[: wire.MAX_NAME_CHARS], params=self._params,
+            granularity=self.granularity, wall_ns=time.time_ns(), mono_ns=time.perf_counter_ns(),
+        )
+
+
+def _is_cuda(device: Any) -> bool:
+    return str(device).startswith("cuda")
+
+
+def _device(device: Any) -> Any:
+    import torch
+
+    return torch.device(device)
