@@ -1,0 +1,183 @@
+"""``dagtop demo``: spawn the demo job's ranks as processes, and record them or watch them live."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+from dagtop.record import ProgressLine, record
+from dagtop.recording import RecordingWriter
+from dagtop.sources import ZmqSource
+
+DEFAULT_RECORD_ITERATIONS = 50
+SILENCE_TIMEOUT_S = 60.0
+"""Recording gives up when the job has published nothing for this long (it is starting or stuck)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the usual race is acceptable for a demo)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def free_endpoint() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+class DemoJob:
+    """The ranks of one demo job, each a ``python -m dagtop.demo.job`` process in its own process group.
+
+    Rank output goes to ``log_path`` (the live screen owns the terminal).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        ranks: int = 2,
+        bottleneck: str = "none",
+        straggler: int | None = None,
+        iterations: int | None = None,
+        device: str = "cpu",
+        granularity: str = "block",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.ranks = ranks
+        self.bottleneck = bottleneck
+        self.straggler = straggler
+        self.iterations = iterations
+        self.device = device
+        self.granularity = granularity
+        self.extra_env = dict(extra_env or {})
+        self.log_path = Path(tempfile.mkdtemp(prefix="dagtop-demo-")) / "job.log"
+        self._log: IO[bytes] | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "dagtop.demo.job", "--bottleneck", self.bottleneck,
+               "--device", self.device, "--granularity", self.granularity]
+        if self.straggler is not None:
+            cmd += ["--straggler", str(self.straggler)]
+        if self.iterations is not None:
+            cmd += ["--iterations", str(self.iterations)]
+        return cmd
+
+    def start(self) -> None:
+        if self._procs:
+            raise RuntimeError("the demo job is already started")
+        master_port = str(free_port())
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        for rank in range(self.ranks):
+            env = dict(os.environ)
+            env.update(self.extra_env)
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.ranks),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port, DAGTOP_ENDPOINT=self.endpoint)
+            self._procs.append(subprocess.Popen(
+                self.command(), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop() reaches DataLoader workers too
+            ))
+
+    @property
+    def running(self) -> bool:
+        """True while any rank is alive."""
+        return any(p.poll() is None for p in self._procs)
+
+    @property
+    def returncodes(self) -> list[int | None]:
+        return [p.poll() for p in self._procs]
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for every rank to exit; True if they all did within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.running
+
+    def stop(self, timeout: float = 10.0) -> list[int | None]:
+        """SIGTERM every rank (they stop at the next iteration boundary), SIGKILL what is left after ``timeout``."""
+        self._signal(signal.SIGTERM)
+        if not self.wait(timeout):
+            self._signal(signal.SIGKILL)
+            self.wait(5.0)
+        if self._log is not None:
+            self._log.close()
+        return self.returncodes
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def _signal(self, signum: int) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signum)
+
+
+def job_from_args(args: argparse.Namespace, endpoint: str) -> DemoJob:
+    return DemoJob(endpoint, ranks=args.ranks, bottleneck=args.bottleneck, straggler=args.straggler,
+                   iterations=None if args.record else args.iterations, device=args.device,
+                   granularity=getattr(args, "granularity", "block"))
+
+
+def _refusal(args: argparse.Namespace) -> str | None:
+    if args.bottleneck == "pcie" and not str(args.device).startswith("cuda"):
+        return "--bottleneck pcie needs --device cuda: a CPU job copies nothing over PCIe"
+    if args.bottleneck == "allreduce" and args.straggler is not None:
+        return "every rank all-reduces the same bytes: --straggler does not apply to --bottleneck allreduce"
+    if args.straggler is not None and not 0 <= args.straggler < args.ranks:
+        return f"--straggler {args.straggler} is not a rank of a {args.ranks}-rank job"
+    if args.ranks < 1:
+        return "--ranks must be at least 1"
+    return None
+
+
+def record_demo(job: DemoJob, path: str | os.PathLike[str], iterations: int, progress: ProgressLine | None = None,
+                endpoint: str | None = None) -> int:
+    """Bind first (a late subscriber misses frames), start the job, record ``iterations``, stop; 0 on success."""
+    source = ZmqSource(endpoint or job.endpoint)
+    try:
+        with RecordingWriter(path) as writer:
+            job.start()
+            try:
+                result = record(source, writer, iterations, SILENCE_TIMEOUT_S, job.ranks, progress,
+                                should_stop=lambda: not job.running)
+            finally:
+                job.stop()
+    finally:
+        source.close()
+    if progress is not None:
+        progress.finish(result)
+    if result.stopped_because != "iterations":
+        print(f"dagtop demo: recording stopped ({result.stopped_because}) after {result.complete} complete "
+              f"iterations; job log {job.log_path}:\n{job.log_tail()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The ``dagtop demo`` command."""
+    refusal = _refusal(args)
+    if refusal:
+        print(f"dagtop demo: {refusal}", file=sys.stderr)
+        return 2
+    endpoint = args.bind or free_endpoint()
+    job = job_from_args(args, endpoint)
+    if args.record:
+        iterations = args.iterations or DEFAULT_RECORD_ITERATIONS
+        return record_demo(job, args.record, iterations, ProgressLine())
+    args.bind = endpoint
+    from dagtop.ui.run import run_demo_live
+
+    return int(run_demo_live(args, job))
