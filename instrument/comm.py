@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations` here: DDP inspects the hook's annotations and wants real types.
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -70,3 +71,39 @@ class BucketTimer:
 
     def final_buckets(self) -> "list[wire.Bucket]":
         return [self.buckets[i] for i in sorted(self.buckets)]
+
+
+def time_buffer_sync(
+    ddp: "torch.nn.parallel.DistributedDataParallel",
+    sink: Callable[[tuple[Any, ...]], None],
+    enabled: Callable[[], bool],
+    fail: Callable[[BaseException], None],
+) -> bool:
+    """Time DDP's buffer broadcast (``broadcast_buffers=True``, the default) before each forward.
+
+    It is a collective on the training thread: a straggler's wait lands here first, outside every block,
+    so leaving it untimed would hide it. Reported as ("allreduce", "custom", "ddp.sync_buffers", "main").
+    Relies on the private ``DistributedDataParallel._sync_buffers`` (torch 1.12 to 2.13); without it,
+    nothing is timed and False is returned.
+    """
+    sync = getattr(ddp, "_sync_buffers", None)
+    if sync is None or not getattr(ddp, "broadcast_buffers", False):
+        return False
+    size = sum(b.numel() * b.element_size() for b in ddp.module.buffers())
+    if size == 0:
+        return False
+    now = time.perf_counter_ns
+
+    def timed_sync_buffers(*args: Any, **kwargs: Any) -> Any:
+        if not enabled():
+            return sync(*args, **kwargs)
+        start = now()
+        result = sync(*args, **kwargs)
+        try:
+            sink(("allreduce", "custom", "ddp.sync_buffers", "main", start, now(), size))
+        except Exception as exc:  # noqa: BLE001
+            fail(exc)
+        return result
+
+    ddp._sync_buffers = timed_sync_buffers  # type: ignore[method-assign]
+    return True

@@ -78,9 +78,9 @@ class CudaTiming:
             if not isinstance(end, int):
                 end = self._to_ns(end)
             out.append((ev[0], ev[1], ev[2], ev[3], max(0, start), max(0, start, end), ev[6]))
-        for ev in events:
-            for stamp in {id(s): s for s in (ev[4], ev[5]) if not isinstance(s, int)}.values():
-                self._free.append(stamp)
+        # One stamp may end a block's backward and start the next one's: give each event back once.
+        used = {id(s): s for ev in events for s in (ev[4], ev[5]) if not isinstance(s, int)}
+        self._free.extend(used.values())
         return out
 
     def _to_ns(self, event: torch.cuda.Event) -> int:

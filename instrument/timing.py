@@ -70,6 +70,28 @@ class Unit:
         self.grad_hooks: list[Any] | None = None
 
 
+class _Boundary:
+    """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node."""
+
+    __slots__ = ("node", "callbacks", "_stamp", "_enabled", "_fail")
+
+    def __init__(self, node: Any, stamp: Stamp, enabled: Callable[[], bool],
+                 fail: Callable[[BaseException], None]) -> None:
+        self.node = node
+        self.callbacks: list[Callable[[Any], None]] = []
+        self._stamp, self._enabled, self._fail = stamp, enabled, fail
+
+    def __call__(self, grad_outputs: Any) -> None:
+        if not self._enabled():
+            return
+        try:
+            now = self._stamp()
+            for callback in self.callbacks:
+                callback(now)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+
 class UnitTimer:
     """Times the forward and backward of each unit and appends events to ``sink()``.
 
@@ -96,6 +118,8 @@ class UnitTimer:
         self._enabled = enabled
         self._fail = fail
         self._handles: list[Any] = []
+        self._boundaries: dict[int, _Boundary] = {}
+        """Autograd node id -> its prehook, for the current iteration (holding the node keeps the id unique)."""
 
     @property
     def installed(self) -> bool:
@@ -115,6 +139,7 @@ class UnitTimer:
                 handle.remove()
             unit.grad_hooks = None
             unit.fwd_start = unit.bwd_start = unit.last_grad = None
+        self._boundaries.clear()
 
     def flush(self) -> None:
         """Emit the backward of units whose end is their last gradient accumulation (iteration boundary)."""
@@ -122,9 +147,22 @@ class UnitTimer:
             if unit.bwd_start is not None and unit.last_grad is not None:
                 self._sink(("compute", "backward", unit.name, self._lane, unit.bwd_start, unit.last_grad, 0))
             unit.bwd_start = unit.last_grad = None
+        self._boundaries.clear()
 
     # The hooks below run on the training thread (forward) and on autograd threads (backward). Each one
     # catches everything: an exception must disable the shim, never reach the training loop.
+
+    def _at_gradient_of(self, node: Any, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(stamp)`` when the gradient reaches ``node``: one prehook and one stamp per node.
+
+        The node that produced block b-1's output is also block b's input: sharing the stamp makes b's
+        backward end exactly where b-1's begins, so tasks on the lane never overlap.
+        """
+        boundary = self._boundaries.get(id(node))
+        if boundary is None:
+            boundary = self._boundaries[id(node)] = _Boundary(node, self._stamp, self._enabled, self._fail)
+            node.register_prehook(boundary)
+        boundary.callbacks.append(callback)
 
     def _pre_hook(self, unit: Unit) -> Callable[..., None]:
         stamp, enabled = self._stamp, self._enabled
@@ -139,7 +177,7 @@ class UnitTimer:
                 unit.last_grad = None
                 inputs = 0
                 for node in _grad_fns(args):
-                    node.register_prehook(on_end)
+                    self._at_gradient_of(node, on_end)
                     inputs += 1
                 if not inputs and unit.params and unit.grad_hooks is None:
                     self._hook_gradients(unit)
@@ -164,40 +202,29 @@ class UnitTimer:
                     return
                 sink(("compute", "forward", name, lane, start, stamp(), 0))
                 unit.fwd_start = None
-                seen: set[int] = set()
                 for node in _grad_fns(output):
-                    if id(node) not in seen:
-                        seen.add(id(node))
-                        node.register_prehook(on_start)
+                    self._at_gradient_of(node, on_start)
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
 
         return forward_post
 
-    def _backward_start(self, unit: Unit) -> Callable[[Any], None]:
-        stamp, enabled = self._stamp, self._enabled
-
-        def backward_start(grad_outputs: Any) -> None:
-            if unit.bwd_start is None and enabled():
-                try:
-                    unit.bwd_start = stamp()
-                except Exception as exc:  # noqa: BLE001
-                    self._fail(exc)
+    @staticmethod
+    def _backward_start(unit: Unit) -> Callable[[Any], None]:
+        def backward_start(stamp: Any) -> None:
+            if unit.bwd_start is None:  # a unit with several outputs starts at the first gradient
+                unit.bwd_start = stamp
 
         return backward_start
 
     def _backward_end(self, unit: Unit) -> Callable[[Any], None]:
-        stamp, enabled, sink, lane, name = self._stamp, self._enabled, self._sink, self._lane, unit.name
+        sink, lane, name = self._sink, self._lane, unit.name
 
-        def backward_end(grad_outputs: Any) -> None:
+        def backward_end(stamp: Any) -> None:
             start = unit.bwd_start
-            if start is None or not enabled():
-                return
-            try:
-                sink(("compute", "backward", name, lane, start, stamp(), 0))
+            if start is not None:
+                sink(("compute", "backward", name, lane, start, stamp, 0))
                 unit.bwd_start = None
-            except Exception as exc:  # noqa: BLE001
-                self._fail(exc)
 
         return backward_end
 

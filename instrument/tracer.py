@@ -184,8 +184,9 @@ class Tracer:
         self._model_name = type(module).__name__
         self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda)
         if ddp is not None:
-            from instrument.comm import BucketTimer
+            from instrument.comm import BucketTimer, time_buffer_sync
 
+            time_buffer_sync(ddp, self._emit, enabled, self._fail)
             # Last: a comm hook cannot be unregistered, so nothing that can still fail comes after it.
             self._comm = BucketTimer(ddp, self._emit, self._comm_stamp(ddp), enabled, self._fail)
 

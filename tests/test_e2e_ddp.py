@@ -1,0 +1,95 @@
+"""End to end: a real 2-rank gloo DDP job (the demo) publishes every task of every iteration to a recorder."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from dagtop.demo.launch import DemoJob, record_demo
+from dagtop.recording import read_recording
+from instrument import wire
+from tests.conftest import Collector
+
+pytestmark = pytest.mark.slow
+
+BLOCKS = ["stem", "block1", "block2", "block3", "pool", "head"]
+
+
+def _frames(path: Path) -> list[wire.Frame]:
+    return [wire.decode(raw.payload) for raw in read_recording(path)]
+
+
+def test_every_complete_iteration_has_every_task_of_both_ranks(tmp_path: Path, endpoint: str) -> None:
+    path = tmp_path / "run.dagtop"
+    job = DemoJob(endpoint, ranks=2)
+    assert record_demo(job, path, iterations=8) == 0
+    frames = _frames(path)
+
+    hellos = {f.rank: f for f in frames if isinstance(f, wire.Hello)}
+    assert set(hellos) == {0, 1} and all(h.world == 2 and h.model == "DemoNet" for h in hellos.values())
+    bucket_maps = {f.rank: f.buckets for f in frames if isinstance(f, wire.Buckets)}
+    assert set(bucket_maps) == {0, 1} and bucket_maps[0] == bucket_maps[1]
+    buckets = {f"bucket {b.index}": b.bytes for b in bucket_maps[0]}
+    assert len(buckets) >= 2 and all(size > 0 for size in buckets.values())
+    parameters = [p for b in bucket_maps[0] for p in b.parameters]
+    assert sorted(parameters) == sorted(set(parameters)) and "head.weight" in parameters
+
+    by_iteration: dict[int, dict[int, wire.IterationBatch]] = defaultdict(dict)
+    for f in frames:
+        if isinstance(f, wire.IterationBatch):
+            by_iteration[f.iteration][f.rank] = f
+    complete = [it for it, ranks in by_iteration.items() if set(ranks) == {0, 1}]
+    assert len(complete) >= 8
+    for it in complete:
+        for rank, batch in by_iteration[it].items():
+            events = batch.events
+            phase = defaultdict(list)
+            for e in events:
+                phase[e.phase].append(e)
+            where = f"iteration {it} rank {rank}"
+            assert [(e.category, e.name, e.lane) for e in phase["load"]] == [("io", "next", "main")], where
+            assert [(e.category, e.lane) for e in phase["h2d"]] == [("pcie", "main")], where
+            assert phase["h2d"][0].bytes == 64 * 3 * 32 * 32 * 4 + 64 * 8, where
+            assert [e.name for e in phase["forward"]] == BLOCKS, where
+            assert sorted(e.name for e in phase["backward"]) == sorted(BLOCKS), where
+            assert [(e.category, e.name) for e in phase["update"]] == [("compute", "optimizer.step")], where
+            allreduce = phase["allreduce"]
+            assert all(e.category == "allreduce" and e.lane == "comm" and e.bytes > 0 for e in allreduce), where
+            if it >= 2:  # buckets are rebuilt after iteration 0; the map describes them from iteration 1 on
+                assert {e.name: e.bytes for e in allreduce} == buckets, where
+            update = phase["update"][0]
+            assert all(e.end_ns <= update.start_ns for e in allreduce), where  # DDP waits for every bucket
+
+
+def test_the_job_runs_to_the_end_with_no_monitor_listening(endpoint: str) -> None:
+    job = DemoJob(endpoint, ranks=2, iterations=10)
+    job.start()
+    assert job.wait(120), job.log_tail()
+    assert job.returncodes == [0, 0], job.log_tail()
+
+
+def test_the_job_survives_a_monitor_that_goes_away(endpoint: str) -> None:
+    collector = Collector(endpoint)
+    job = DemoJob(endpoint, ranks=2, iterations=60)
+    job.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sum(1 for f in collector.frames if wire.decode(f.payload).__class__
+                                              is wire.IterationBatch) < 10:
+        time.sleep(0.1)
+    frames = collector.stop()
+    assert len(frames) >= 10, job.log_tail()
+    assert job.wait(120), job.log_tail()
+    assert job.returncodes == [0, 0], job.log_tail()
+
+
+def test_stop_ends_a_running_job_cleanly(endpoint: str) -> None:
+    job = DemoJob(endpoint, ranks=2)
+    job.start()
+    time.sleep(4)
+    assert job.running
+    codes = job.stop(timeout=20)
+    assert not job.running
+    assert codes == [0, 0], job.log_tail()

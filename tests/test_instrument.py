@@ -1,0 +1,254 @@
+"""The shim in one process: what it times, how it names it, and that it never hurts training."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import warnings
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import instrument
+from instrument import wire
+from instrument.tracer import NullTracer, Tracer, move
+from tests.conftest import Collector
+
+BLOCKS = ["stem", "body", "head"]
+
+
+class Net(nn.Module):
+    """Three blocks; in-place ReLUs right after hooked modules (the case full backward hooks break on)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True))
+        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True))
+        self.head = nn.Sequential(nn.AvgPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.stem(x)))
+
+
+def _data(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    prototypes = torch.randn(4, 3, 8, 8, generator=g)
+    batches = []
+    for _ in range(n):
+        y = torch.randint(4, (16,), generator=g)
+        batches.append((prototypes[y] + 0.5 * torch.randn(16, 3, 8, 8, generator=g), y))
+    return batches
+
+
+def _train(tracer: Any, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> list[float]:
+    losses = []
+    for x, y in tracer.loader(_data(steps)):
+        x, y = tracer.to_device((x, y), "cpu")
+        with tracer.task("augment", "io"):
+            x = x.flip(3)
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _setup(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = Net()
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def _iterations(frames: list[Any]) -> dict[int, wire.IterationBatch]:
+    decoded = [wire.decode(f.payload) for f in frames]
+    return {f.iteration: f for f in decoded if isinstance(f, wire.IterationBatch)}
+
+
+def _run(collector: Collector, endpoint: str, steps: int = 6, **options: Any) -> dict[int, wire.IterationBatch]:
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint, **options)
+    assert isinstance(tracer, Tracer)
+    time.sleep(0.3)  # let the publisher connect: ZeroMQ drops what is sent before (slow joiner)
+    _train(tracer, model, optimizer, steps)
+    tracer.close()
+    time.sleep(0.2)
+    return _iterations(collector.stop())
+
+
+def test_import_instrument_loads_no_torch_and_nothing_of_the_monitor() -> None:
+    code = "import sys, instrument; print(' '.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split())
+    banned = {m for m in loaded if m.split(".")[0] in {"torch", "dagtop", "textual", "networkx", "psutil", "rich"}}
+    assert not banned, sorted(banned)
+    assert "instrument.wire" in loaded and "msgpack" in loaded
+
+
+def test_every_iteration_has_the_conventional_events(collector: Collector, endpoint: str) -> None:
+    iterations = _run(collector, endpoint)
+    assert sorted(iterations) == list(range(6))
+    x, y = _data(1)[0]
+    for it, batch in iterations.items():
+        assert batch.rank == 0
+        by_phase: dict[str, list[wire.Event]] = defaultdict(list)
+        for e in batch.events:
+            by_phase[e.phase].append(e)
+        assert [(e.category, e.name, e.lane) for e in by_phase["load"]] == [("io", "next", "main")]
+        assert [(e.category, e.name, e.lane, e.bytes) for e in by_phase["h2d"]] == [
+            ("pcie", "to_device", "main", x.nbytes + y.nbytes)
+        ]
+        assert [e.name for e in by_phase["forward"]] == BLOCKS
+        assert sorted(e.name for e in by_phase["backward"]) == sorted(BLOCKS)
+        assert [(e.category, e.name) for e in by_phase["update"]] == [("compute", "optimizer.step")]
+        assert [(e.category, e.name) for e in by_phase["custom"]] == [("io", "augment")]
+        assert not by_phase["allreduce"]  # not DDP: nothing to all-reduce
+
+
+def test_tasks_on_the_main_lane_never_overlap_and_follow_program_order(collector: Collector, endpoint: str) -> None:
+    for batch in _run(collector, endpoint).values():
+        main = sorted((e for e in batch.events if e.lane == "main"), key=lambda e: (e.start_ns, e.end_ns))
+        for before, after in zip(main, main[1:]):
+            assert before.end_ns <= after.start_ns, (before, after)
+        order = [(e.phase, e.name) for e in main]
+        assert order[:2] == [("load", "next"), ("h2d", "to_device")]
+        backward = [name for phase, name in order if phase == "backward"]
+        assert backward == BLOCKS[::-1]
+        assert order[-1] == ("update", "optimizer.step")
+
+
+def test_layer_granularity_times_leaves_with_parameters(collector: Collector, endpoint: str) -> None:
+    iterations = _run(collector, endpoint, steps=3, granularity="layer")
+    leaves = ["stem.0", "body.0", "body.1", "head.2"]
+    for batch in iterations.values():
+        assert [e.name for e in batch.events if e.phase == "forward"] == leaves
+        assert sorted(e.name for e in batch.events if e.phase == "backward") == sorted(leaves)
+
+
+def test_sampling_takes_layer_detail_one_iteration_in_k(collector: Collector, endpoint: str) -> None:
+    iterations = _run(collector, endpoint, steps=7, sample_every=3)
+    for it, batch in iterations.items():
+        names = [e.name for e in batch.events if e.phase == "forward"]
+        assert names == (["stem.0", "body.0", "body.1", "head.2"] if it % 3 == 0 else BLOCKS), it
+
+
+def test_an_exception_in_a_hook_disables_the_shim_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str
+) -> None:
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    assert isinstance(tracer, Tracer)
+    calls = {"n": 0}
+    real = instrument.timing._grad_fns
+
+    def flaky(value: Any, depth: int = 0) -> Any:
+        calls["n"] += 1
+        if calls["n"] > 10:
+            raise RuntimeError("boom")
+        return real(value, depth)
+
+    monkeypatch.setattr(instrument.timing, "_grad_fns", flaky)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = _train(tracer, model, optimizer, 12)
+    dagtop_warnings = [w for w in caught if "dagtop" in str(w.message)]
+    assert len(dagtop_warnings) == 1 and "boom" in str(dagtop_warnings[0].message)
+    assert not tracer.enabled
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert not optimizer._optimizer_step_post_hooks
+    assert len(losses) == 12 and losses[-1] < losses[0] / 4  # training went on, and learned
+    tracer.close()
+
+
+def test_no_monitor_listening_is_harmless_and_close_is_quick_and_idempotent(endpoint: str) -> None:
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        losses = _train(tracer, model, optimizer, 5)
+    start = time.monotonic()
+    tracer.close()
+    tracer.close()
+    assert time.monotonic() - start < 2.5
+    assert len(losses) == 5
+
+
+def test_disabled_by_environment_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAGTOP_DISABLE", "1")
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer)
+    assert isinstance(tracer, NullTracer)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    data = _data(2)
+    assert tracer.loader(data) is data
+    with tracer.task("anything", "io"):
+        pass
+    batch = {"x": torch.ones(2), "y": [torch.zeros(3)]}
+    moved = tracer.to_device(batch, "cpu")
+    assert moved["x"].equal(batch["x"]) and moved["y"][0].equal(batch["y"][0])
+    assert len(_train(tracer, model, optimizer, 2)) == 2
+    tracer.close()
+
+
+def test_move_copies_nested_batches_and_counts_bytes() -> None:
+    Pair = __import__("collections").namedtuple("Pair", "a b")
+    batch = {"img": torch.ones(4, 3, dtype=torch.float32), "meta": [torch.zeros(2, dtype=torch.int64), "name"],
+             "pair": Pair(torch.ones(5, dtype=torch.uint8), 7)}
+    moved, size = move(batch, "cpu")
+    assert size == 4 * 3 * 4 + 2 * 8 + 5
+    assert isinstance(moved["pair"], Pair) and moved["pair"].b == 7 and moved["meta"][1] == "name"
+
+
+def test_loader_keeps_len_and_times_each_wait(collector: Collector, endpoint: str) -> None:
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    assert len(tracer.loader(_data(3))) == 3
+
+    class Slow:
+        def __iter__(self) -> Any:
+            for batch in _data(2):
+                time.sleep(0.03)
+                yield batch
+
+    time.sleep(0.3)
+    for x, y in tracer.loader(Slow()):
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    tracer.close()
+    time.sleep(0.2)
+    for batch in _iterations(collector.stop()).values():
+        (wait,) = [e for e in batch.events if e.phase == "load"]
+        assert wait.duration_ns >= 25_000_000
+
+
+def test_unknown_category_for_a_custom_task_is_refused(endpoint: str) -> None:
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    with pytest.raises(ValueError, match="unknown category"):
+        tracer.task("x", "disk")
+    tracer.close()
+
+
+def test_a_full_queue_drops_and_counts_instead_of_blocking(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    monkeypatch.setattr(instrument.publisher, "QUEUE_FRAMES", 0)
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    assert isinstance(tracer, Tracer)
+    _train(tracer, model, optimizer, 3)
+    assert tracer._publisher.dropped_queue == 3
+    tracer.close()
+
+
+def test_forked_dataloader_workers_leave_the_publisher_alone(endpoint: str) -> None:
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(4, (64,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=2, multiprocessing_context="fork")
+    for x, y in tracer.loader(loader):
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    assert tracer.enabled and tracer.iteration == 4
+    tracer.close()

@@ -1,0 +1,127 @@
+"""``dagtop record``: keeps every raw frame, counts complete iterations, and stops when it should."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dagtop.cli import main
+from dagtop.record import record
+from dagtop.recording import RawFrame, RecordingWriter, read_recording
+from dagtop.sources import FrameSource
+from instrument import wire
+from instrument.publisher import Publisher
+
+
+def _hello(rank: int, world: int = 2) -> bytes:
+    return wire.encode_hello(wire.Hello(0, rank, world, rank, "h", 1, "cpu", "t", "M", 1, "block", 1, 1))
+
+
+def _iteration(rank: int, it: int) -> bytes:
+    return wire.encode_iteration(it + 1, rank, it, [("io", "load", "next", "main", 10, 20, 0)], 0)
+
+
+class ListSource(FrameSource):
+    """Hands out prepared payloads a few at a time, then raises ``end`` if given, else finishes."""
+
+    def __init__(self, payloads: list[bytes], end: BaseException | None = None) -> None:
+        self._frames = [RawFrame(i, p) for i, p in enumerate(payloads)]
+        self._end = end
+
+    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
+        if not self._frames and self._end is not None:
+            raise self._end
+        out, self._frames = self._frames[:3], self._frames[3:]
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return not self._frames and self._end is None
+
+
+def test_stops_once_n_iterations_are_complete_on_every_rank(tmp_path: Path) -> None:
+    # Rank 1 misses iteration 0 (slow joiner): complete iterations are counted, not iteration numbers.
+    payloads = [_hello(0), _iteration(0, 0), _hello(1)]
+    for it in range(1, 10):
+        payloads += [_iteration(0, it), _iteration(1, it)]
+    with RecordingWriter(tmp_path / "r.dagtop") as writer:
+        result = record(ListSource(payloads), writer, iterations=3)
+    assert result.stopped_because == "iterations"
+    assert result.complete == 3 and result.ranks_expected == 2 and result.ranks_seen == {0, 1}
+    assert 0 < writer.frames < len(payloads)
+
+
+def test_undecodable_frames_are_kept_and_counted(tmp_path: Path) -> None:
+    junk = [b"\x00garbage", wire.encode_iteration(0, 0, 0, [], 0).replace(b"\x01", b"\x09", 1)]
+    payloads = [_hello(0, 1), junk[0], _iteration(0, 0), junk[1], wire.encode_bye(wire.Bye(9, 0, 1, 0))]
+    path = tmp_path / "r.dagtop"
+    with RecordingWriter(path) as writer:
+        result = record(ListSource(payloads), writer)
+    assert [f.payload for f in read_recording(path)] == payloads  # the raw truth, junk included
+    assert result.rejected == 2 and "not msgpack" in (result.first_rejection or "")
+    assert result.stopped_because == "bye"
+
+
+def test_ranks_given_on_the_command_line_override_the_hello(tmp_path: Path) -> None:
+    payloads = [_hello(0, 1)] + [_iteration(0, it) for it in range(5)]
+    with RecordingWriter(tmp_path / "r.dagtop") as writer:
+        result = record(ListSource(payloads), writer, iterations=2, ranks=2)
+    assert result.complete == 0 and result.stopped_because == "stopped"
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "r.dagtop"
+    with RecordingWriter(path) as writer:
+        result = record(ListSource([_hello(0), _iteration(0, 0)], end=KeyboardInterrupt()), writer)
+    assert result.stopped_because == "interrupted"
+    assert len(read_recording(path)) == 2
+
+
+def test_nothing_received_times_out_with_a_clear_message(
+    tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "r.dagtop"
+    start = time.monotonic()
+    status = main(["record", "--bind", endpoint, "-o", str(path), "--iterations", "3", "--timeout", "0.5"])
+    assert status == 2
+    assert 0.5 <= time.monotonic() - start < 5
+    err = capsys.readouterr().err
+    assert "nothing received" in err and endpoint in err and "DAGTOP_ENDPOINT" in err
+    assert read_recording(path) == []
+
+
+def test_record_command_exits_zero_after_n_iterations_from_live_ranks(tmp_path: Path, endpoint: str) -> None:
+    """Two publishers (the shim's own) feed the command; it stops by itself once 5 iterations are complete."""
+    stop = threading.Event()
+
+    def rank(r: int) -> None:
+        def hello(seq: int) -> wire.Hello:
+            return wire.Hello(seq, r, 2, r, "h", 1, "cpu", "t", "M", 1, "block", 1, time.perf_counter_ns())
+
+        publisher = Publisher(endpoint, r, hello, on_error=lambda exc: None)
+        it = 0
+        while not stop.is_set():
+            now = time.perf_counter_ns()
+            publisher.put_iteration(it, [("compute", "update", "optimizer.step", "main", now, now + 5, 0)])
+            it += 1
+            time.sleep(0.02)
+        publisher.close()
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    path = tmp_path / "r.dagtop"
+    try:
+        status = main(["record", "--bind", endpoint, "-o", str(path), "--iterations", "5", "--timeout", "20"])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+    assert status == 0
+    decoded = [wire.decode(f.payload) for f in read_recording(path)]
+    assert {f.rank for f in decoded if isinstance(f, wire.Hello)} == {0, 1}
+    per_rank = {r: {f.iteration for f in decoded if isinstance(f, wire.IterationBatch) and f.rank == r} for r in (0, 1)}
+    assert len(per_rank[0] & per_rank[1]) >= 5

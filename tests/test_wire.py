@@ -1,0 +1,129 @@
+"""The wire format: every frame round-trips, every malformed frame is refused with a reason, nothing crashes."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from instrument import wire
+
+HELLO = wire.Hello(3, 1, 2, 1, "node7", 4242, "cpu", "2.13.0", "DemoNet", 123_456, "block", 1_700_000_000_000_000_000, 5)
+EVENTS = (
+    wire.Event("io", "load", "next", "main", 10, 20, 0),
+    wire.Event("allreduce", "allreduce", "bucket 0", "comm", 30, 90, 150_568),
+    wire.Event("compute", "backward", "layer1", "gpu", 40, 40, 0),
+)
+
+
+def _frame(**fields: object) -> bytes:
+    base: dict[str, object] = {"v": 1, "k": "iter", "seq": 0, "rank": 0, "it": 0, "ev": [], "dropped": 0}
+    base.update(fields)
+    return msgpack.packb({k: v for k, v in base.items() if v is not _MISSING}, use_bin_type=True)
+
+
+_MISSING = object()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        HELLO,
+        wire.IterationBatch(7, 1, 41, EVENTS, 2),
+        wire.IterationBatch(0, 0, 0, (), 0),
+        wire.Buckets(1, 0, (wire.Bucket(0, 150_568, ("head.weight", "head.bias")), wire.Bucket(1, 4, ()))),
+        wire.Bye(9, 1, 41, 3),
+    ],
+)
+def test_every_frame_kind_round_trips(frame: wire.Frame) -> None:
+    assert wire.decode(wire.encode(frame)) == frame
+
+
+def test_plain_tuples_encode_like_events() -> None:
+    """The shim's hot path hands plain 7-tuples to encode_iteration."""
+    payload = wire.encode_iteration(1, 0, 5, [tuple(e) for e in EVENTS], 0)
+    assert wire.decode(payload) == wire.IterationBatch(1, 0, 5, EVENTS, 0)
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\xc1\xc1 not msgpack", "not msgpack"),
+        (msgpack.packb([1, 2, 3]), "must be a map"),
+        (_frame(v=2), "version 2"),
+        (_frame(v=_MISSING), "version None"),
+        (_frame(k="shout"), "unknown frame kind"),
+        (_frame(seq=True), "'seq' must be an integer"),
+        (_frame(rank=-1), "out of range"),
+        (_frame(it="3"), "'it' must be an integer"),
+        (_frame(ev={"a": 1}), "'ev' must be a list"),
+        (_frame(ev=[["io", "load", "next", "main", 1, 2]]), "7 fields"),
+        (_frame(ev=[["disk", "load", "next", "main", 1, 2, 0]]), "unknown category 'disk'"),
+        (_frame(ev=[["io", "nap", "next", "main", 1, 2, 0]]), "unknown phase"),
+        (_frame(ev=[["io", "load", "next", "tpu", 1, 2, 0]]), "unknown lane 'tpu'"),
+        (_frame(ev=[["io", "load", "next", "main", 5, 4, 0]]), "ends before it starts"),
+        (_frame(ev=[["io", "load", "next", "main", True, 4, 0]]), "start must be a non-negative integer"),
+        (_frame(ev=[["io", "load", "next", "main", 1, 4, False]]), "bytes must be a non-negative integer"),
+        (_frame(ev=[["io", "load", "next", "main", -1, 4, 0]]), "non-negative"),
+        (_frame(ev=[["io", "load", 7, "main", 1, 4, 0]]), "name must be a string"),
+        (_frame(ev=[["io", "load", "x" * 300, "main", 1, 4, 0]]), "name must be a string of at most"),
+        (_frame(dropped=1.5), "'dropped' must be an integer"),
+        (_frame(k="hello", rank=2, world=2), None),  # missing fields below are caught one by one
+        (_frame(k="buckets", buckets=[[0, 10]]), "must be [index, bytes"),
+        (_frame(k="buckets", buckets=[[0, -1, []]]), "non-negative"),
+        (_frame(k="buckets", buckets=[[0, 1, [3]]]), "parameter names must be strings"),
+        (_frame(k="bye", iterations=None), "'iterations' must be an integer"),
+        (b"\x00" * (wire.MAX_FRAME_BYTES + 1), "exceeds"),
+        (msgpack.packb({"v": 1, "k": "iter", "ev": msgpack.ExtType(1, b"x")}), "not msgpack"),
+    ],
+)
+def test_malformed_frames_are_refused_with_a_reason(payload: bytes, reason: str | None) -> None:
+    with pytest.raises(wire.WireError) as refused:
+        wire.decode(payload)
+    if reason is not None:
+        assert reason in str(refused.value)
+
+
+def test_hello_rank_must_be_below_world() -> None:
+    bad = msgpack.packb({**msgpack.unpackb(wire.encode_hello(HELLO)), "rank": 2, "world": 2})
+    with pytest.raises(wire.WireError, match="not below world size"):
+        wire.decode(bad)
+
+
+def test_hello_refuses_bool_as_int() -> None:
+    bad = msgpack.packb({**msgpack.unpackb(wire.encode_hello(HELLO)), "params": True})
+    with pytest.raises(wire.WireError, match="'params' must be an integer"):
+        wire.decode(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_crash_the_decoder(payload: bytes) -> None:
+    try:
+        wire.decode(payload)
+    except wire.WireError:
+        pass
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=10) | st.floats(),
+    lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=5), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {"v": st.just(1), "k": st.sampled_from(["hello", "iter", "buckets", "bye"])},
+        optional={"seq": _values, "rank": _values, "it": _values, "ev": _values, "dropped": _values,
+                  "world": _values, "buckets": _values, "iterations": _values},
+    )
+)
+def test_structured_garbage_is_refused_not_crashed(m: dict[str, object]) -> None:
+    """Frames that are valid msgpack maps of the right version but wrong fields: WireError, nothing else."""
+    try:
+        wire.decode(msgpack.packb(m, use_bin_type=True))
+    except wire.WireError:
+        pass
