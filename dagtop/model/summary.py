@@ -1,0 +1,90 @@
+"""Many iterations' analyses folded into one summary: the report's JSON, also usable by the UI."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from dagtop.model.analysis import model_error, segments_ms
+from dagtop.model.dag import CATEGORIES
+from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.whatif import STRAGGLER_AT_MEDIAN
+
+STRAGGLER_MAJORITY = 0.5
+"""A rank is the job's straggler when it was flagged in more than this fraction of the analysed iterations."""
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method)."""
+    xs = sorted(values)
+    if not xs:
+        return 0.0
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
+    """The schema of ``dagtop report --json`` (docs/report.md), over the complete analyses given.
+
+    Incomplete iterations (a rank's events missing) are left out when any complete one exists.
+    """
+    complete = [a for a in analyses if a.complete] or list(analyses)
+    if not complete:
+        return {
+            "ranks": 0, "iterations": 0, "iteration_ms": {"median": 0.0, "p90": 0.0},
+            "critical_path": {c: (1.0 if c == "other" else 0.0) for c in CATEGORIES}, "bottleneck": "other",
+            "straggler": None, "predicted_iteration_ms": 0.0, "model_error": 0.0, "what_if": [],
+            "exposed_comm_ms": 0.0, "overlap_ratio": 1.0, "incomplete_iterations": 0,
+        }
+    measured = [a.measured_ms for a in complete]
+    path_ms = dict.fromkeys(CATEGORIES, 0.0)
+    for a in complete:
+        for c, ms in segments_ms(a.critical_path).items():
+            path_ms[c] = path_ms.get(c, 0.0) + ms
+    total = sum(path_ms.values())
+    shares = {c: (ms / total if total > 0 else (1.0 if c == "other" else 0.0)) for c, ms in path_ms.items()}
+    predicted = statistics.median(a.predicted_ms for a in complete)
+    flagged = [a.straggler for a in complete if a.straggler is not None]
+    straggler = None
+    if flagged:
+        rank, count = Counter(s.rank for s in flagged).most_common(1)[0]
+        if count > STRAGGLER_MAJORITY * len(complete):
+            mine = [s for s in flagged if s.rank == rank]
+            straggler = {
+                "rank": rank,
+                "category": Counter(s.category for s in mine).most_common(1)[0][0],
+                "excess_ms": statistics.median(s.excess_ms for s in mine),
+            }
+    changes: dict[str, list[float]] = {}
+    for a in complete:
+        for w in a.what_if:
+            if w.change == STRAGGLER_AT_MEDIAN and (
+                straggler is None or a.straggler is None or a.straggler.rank != straggler["rank"]
+            ):
+                continue  # only where the job's straggler was the iteration's
+            changes.setdefault(w.change, []).append(w.iteration_ms)
+    what_if = []
+    for change, values in changes.items():
+        ms = statistics.median(values)
+        what_if.append({"change": change, "iteration_ms": ms, "speedup": predicted / ms if ms > 0 else None,
+                        "iterations": len(values)})
+    return {
+        "ranks": max(len(a.ranks) for a in complete),
+        "iterations": len(complete),
+        "first_iteration": min(a.iteration for a in complete),
+        "last_iteration": max(a.iteration for a in complete),
+        "iteration_ms": {"median": statistics.median(measured), "p90": _percentile(measured, 0.9)},
+        "critical_path": shares,
+        "bottleneck": max(CATEGORIES, key=lambda c: shares[c]),
+        "straggler": straggler,
+        "predicted_iteration_ms": predicted,
+        "model_error": statistics.median(model_error(a) for a in complete),
+        "what_if": what_if,
+        "exposed_comm_ms": statistics.median(a.exposed_comm_ms for a in complete),
+        "overlap_ratio": statistics.median(a.overlap_ratio for a in complete),
+        "incomplete_iterations": sum(1 for a in analyses if not a.complete),
+    }

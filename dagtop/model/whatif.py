@@ -1,0 +1,156 @@
+"""What-if scenarios replayed on the DAG, and the α-β ring all-reduce model fitted to the observed collectives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dagtop.model.dag import ALLREDUCE, CATEGORIES, CATEGORY_INDEX, F64, IterationDag
+from dagtop.model.replay import durations, replay
+from dagtop.model.snapshot import Straggler, WhatIf
+
+ALLREDUCE_HALF = "all-reduce ×0.5"
+ALLREDUCE_DOUBLE = "all-reduce ×2"
+PERFECT_OVERLAP = "perfect overlap"
+IO_HIDDEN = "I/O hidden"
+STRAGGLER_AT_MEDIAN = "straggler at median"
+DOUBLE_WORKERS = "2N workers"
+
+_MAX_SIZES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class AlphaBeta:
+    """Ring all-reduce cost t(P, M) = 2(P−1)α + 2(P−1)/P · M · β (seconds, bytes)."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+
+    def seconds(self, workers: int, nbytes: float) -> float:
+        if workers <= 1:
+            return 0.0
+        return 2 * (workers - 1) * self.alpha_s + 2 * (workers - 1) / workers * nbytes * self.beta_s_per_byte
+
+
+@dataclass(slots=True)
+class CommFit:
+    """Running least-squares fit of collective duration against bytes, for one worker count."""
+
+    workers: int = 0
+    n: int = 0
+    sm: float = 0.0
+    st: float = 0.0
+    smm: float = 0.0
+    smt: float = 0.0
+    sizes: set[int] = field(default_factory=set)
+
+    def add(self, workers: int, nbytes: int, seconds: float) -> None:
+        if workers != self.workers:  # a different job size: the old fit no longer applies
+            self.workers, self.n, self.sm, self.st, self.smm, self.smt = workers, 0, 0.0, 0.0, 0.0, 0.0
+            self.sizes = set()
+        m = float(nbytes)
+        self.n += 1
+        self.sm += m
+        self.st += seconds
+        self.smm += m * m
+        self.smt += m * seconds
+        if len(self.sizes) < _MAX_SIZES:
+            self.sizes.add(nbytes)
+
+    def model(self) -> AlphaBeta | None:
+        """α and β, or None when nothing can be fitted (no collectives, one worker, no bytes).
+
+        With one bucket size the intercept cannot be told from the slope: the line goes through the origin
+        (α = 0, all cost per byte). A negative intercept or slope is clamped to 0 and the other refitted.
+        """
+        p = self.workers
+        if p <= 1 or self.n == 0 or self.sm <= 0:
+            return None
+        slope: float
+        intercept: float
+        var = self.n * self.smm - self.sm * self.sm
+        if len(self.sizes) >= 2 and var > 0:
+            slope = (self.n * self.smt - self.sm * self.st) / var
+            intercept = (self.st - slope * self.sm) / self.n
+            if intercept < 0:
+                intercept, slope = 0.0, self.smt / self.smm
+            elif slope < 0:
+                intercept, slope = self.st / self.n, 0.0
+        else:
+            intercept, slope = 0.0, self.smt / self.smm
+        slope = max(slope, 0.0)
+        return AlphaBeta(intercept / (2 * (p - 1)), slope * p / (2 * (p - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One change: category multipliers per rank (and for the collectives), optional collective durations."""
+
+    change: str
+    scale: F64
+    collective_ns: dict[int, float] | None = None
+
+
+def scenarios(
+    dag: IterationDag, straggler: Straggler | None, comm: AlphaBeta | None, busy: dict[int, F64]
+) -> list[Scenario]:
+    """The changes the model answers for this iteration (identity first)."""
+    rows = len(dag.ranks) + 1
+    one = np.ones((rows, len(CATEGORIES)))
+
+    def scaled(row: int | slice, category: int, factor: float) -> F64:
+        s = one.copy()
+        s[row, category] = factor
+        return s
+
+    out = [
+        Scenario("identity", one),
+        Scenario(ALLREDUCE_HALF, scaled(slice(None), ALLREDUCE, 0.5)),
+        Scenario(ALLREDUCE_DOUBLE, scaled(slice(None), ALLREDUCE, 2.0)),
+        Scenario(PERFECT_OVERLAP, scaled(rows - 1, ALLREDUCE, 0.0)),
+        Scenario(IO_HIDDEN, scaled(slice(None), CATEGORY_INDEX["io"], 0.0)),
+    ]
+    if straggler is not None and straggler.category in CATEGORY_INDEX:
+        c = CATEGORY_INDEX[straggler.category]
+        own = busy[straggler.rank][c]
+        if own > 0:
+            target = max(own - straggler.excess_ms * 1e6, 0.0)
+            out.append(Scenario(STRAGGLER_AT_MEDIAN, scaled(dag.ranks.index(straggler.rank), c, target / own)))
+    p = len(dag.ranks)
+    if comm is not None and p > 1 and dag.collectives:
+        extra = {c.node: (comm.seconds(2 * p, c.bytes) - comm.seconds(p, c.bytes)) * 1e9 for c in dag.collectives}
+        new = {v: max(float(dag.catsum[v, ALLREDUCE]) + d, 0.0) for v, d in extra.items()}
+        out.append(Scenario(DOUBLE_WORKERS, one, new))
+    return out
+
+
+def run_scenarios(dag: IterationDag, cases: list[Scenario], origin_ns: int, busy: dict[int, F64]) -> list[float]:
+    """Predicted iteration ms for each scenario (identity first).
+
+    'perfect overlap' is the replay with every collective free: the most that overlapping communication
+    can buy (when the collectives outlast the backward pass no real overlap gets there; 'all-reduce ×0.5'
+    is the realistic figure then). 'I/O hidden' is the replay with loading free, but never faster than
+    the loader itself: one batch per iteration on the slowest-loading rank.
+    """
+    dur = durations(dag, np.stack([c.scale for c in cases]))
+    for i, case in enumerate(cases):
+        if case.collective_ns:
+            nodes = np.fromiter(case.collective_ns.keys(), dtype=np.int64)
+            dur[i, nodes] = np.fromiter(case.collective_ns.values(), dtype=np.float64)
+    _, end = replay(dag, dur)
+    out = [(float(f) - origin_ns) / 1e6 for f in end.max(axis=1)]
+    for i, case in enumerate(cases):
+        if case.change == IO_HIDDEN and busy:
+            loader = max(float(b[CATEGORY_INDEX["io"]]) for b in busy.values())
+            out[i] = max(out[i], loader / 1e6)
+    return out
+
+
+def what_ifs(cases: list[Scenario], predicted_ms: list[float]) -> tuple[WhatIf, ...]:
+    """WhatIf entries for every scenario but the identity; speedup = identity / scenario."""
+    base = predicted_ms[0]
+    return tuple(
+        WhatIf(c.change, ms, base / ms if ms > 0 else float("inf"))
+        for c, ms in zip(cases[1:], predicted_ms[1:])
+    )

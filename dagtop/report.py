@@ -1,0 +1,110 @@
+"""``dagtop report``: a recording summarised as text or JSON (schema in docs/report.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from dagtop.model.pipeline import Pipeline
+from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.summary import summarize
+from dagtop.recording import RecordingError, RecordingReader
+
+WARM_UP = 1
+"""Iterations skipped unless the range asks for them: DDP rebuilds its buckets after iteration 0, and the
+first iteration also pays for allocator warm-up and lazy initialisation."""
+
+
+def select(analyses: Sequence[IterationAnalysis], iterations: tuple[int | None, int | None] | None) -> list[IterationAnalysis]:
+    """Analyses in ``[A, B)``; without a range, everything from iteration WARM_UP on (all, if that leaves none)."""
+    if iterations is None:
+        chosen = [a for a in analyses if a.iteration >= WARM_UP]
+        return chosen or list(analyses)
+    lo, hi = iterations
+    return [a for a in analyses if (lo is None or a.iteration >= lo) and (hi is None or a.iteration < hi)]
+
+
+def load(path: str) -> tuple[Pipeline, bool]:
+    """Fold a whole recording into a pipeline with an unbounded window; (pipeline, tail cut short)."""
+    reader = RecordingReader(path)
+    pipeline = Pipeline(window=None)
+    batch = []
+    for frame in reader:
+        batch.append(frame)
+        if len(batch) >= 1000:
+            pipeline.feed(batch)
+            batch = []
+    pipeline.feed(batch)
+    pipeline.finish()
+    return pipeline, reader.truncated
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """The ``report`` command: 0 on success, 2 when the file cannot be read as a recording."""
+    path = str(args.file)
+    err = sys.stderr
+    if not Path(path).is_file():
+        print(f"dagtop report: {path}: no such file", file=err)
+        return 2
+    try:
+        pipeline, truncated = load(path)
+    except (RecordingError, OSError) as exc:
+        print(f"dagtop report: {exc}", file=err)
+        return 2
+    snap = pipeline.snapshot()
+    if truncated:
+        print(f"dagtop report: warning: {path} ends in a cut-short record (the recorder was stopped mid-write); "
+              "reporting the complete frames before it", file=err)
+    if snap.rejected:
+        print(f"dagtop report: warning: {snap.rejected} frames rejected (last: {snap.last_rejection})", file=err)
+    analyses = pipeline.analyses()
+    if not analyses:
+        print(f"dagtop report: {path} holds no iteration of any rank", file=err)
+        return 2
+    chosen = select(analyses, args.iterations)
+    if not chosen:
+        print(f"dagtop report: no analysed iteration in the range asked for "
+              f"(the recording has {analyses[0].iteration}..{analyses[-1].iteration})", file=err)
+        return 2
+    summary = summarize(chosen)
+    summary["dropped"] = snap.dropped
+    summary["rejected"] = snap.rejected
+    summary["truncated"] = truncated
+    summary["notes"] = list(snap.notes)
+    if getattr(args, "json", False):
+        json.dump(summary, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        write_text(summary, sys.stdout)
+    return 0
+
+
+def write_text(s: dict[str, Any], out: TextIO) -> None:
+    """The human-readable report."""
+    w = out.write
+    it = s["iteration_ms"]
+    w(f"{s['ranks']} ranks, {s['iterations']} iterations analysed ({s['first_iteration']}..{s['last_iteration']})"
+      f"{', ' + str(s['incomplete_iterations']) + ' incomplete left out' if s['incomplete_iterations'] else ''}\n")
+    w(f"iteration time   median {it['median']:.1f} ms, p90 {it['p90']:.1f} ms "
+      f"(model {s['predicted_iteration_ms']:.1f} ms, error {s['model_error'] * 100:.1f} %)\n")
+    w(f"bottleneck       {s['bottleneck']}\n")
+    st = s["straggler"]
+    w("straggler        " + (f"rank {st['rank']}: {st['category']} +{st['excess_ms']:.1f} ms per iteration "
+                             "against the other ranks' median\n" if st else "none\n"))
+    w("critical path    " + "  ".join(f"{c} {share * 100:.0f} %" for c, share in
+                                      sorted(s["critical_path"].items(), key=lambda kv: -kv[1]) if share > 0) + "\n")
+    w(f"communication    {s['exposed_comm_ms']:.1f} ms exposed per iteration, "
+      f"{s['overlap_ratio'] * 100:.0f} % hidden under compute\n")
+    if s["what_if"]:
+        w("what if          (model replay, median over iterations)\n")
+        for x in s["what_if"]:
+            speed = f"×{x['speedup']:.2f}" if x["speedup"] is not None else "-"
+            w(f"  {x['change']:<22} {x['iteration_ms']:8.1f} ms  {speed}\n")
+    for note in s.get("notes", ()):
+        w(f"note: {note}\n")
+    if s.get("dropped"):
+        w(f"note: {s['dropped']} events or frames were lost on the way\n")
