@@ -14,6 +14,8 @@ comm channel unless the observation shows them running concurrently.
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +29,8 @@ CATEGORIES: tuple[str, ...] = ("compute", "io", "pcie", "allreduce", "other")
 CATEGORY_INDEX: dict[str, int] = {c: i for i, c in enumerate(CATEGORIES)}
 ALLREDUCE = CATEGORY_INDEX["allreduce"]
 
+_LANE = operator.itemgetter(3)
+
 ORIGIN, RUN, COLLECTIVE = 0, 1, 2
 """Node kinds: a rank's fixed start, a contracted stretch of one lane, a collective across ranks."""
 
@@ -37,18 +41,19 @@ I64 = npt.NDArray[np.int64]
 class LaneTrace:
     """The tasks of one lane of one rank, in program order, on the common clock."""
 
-    __slots__ = ("rank", "lane", "events", "start", "end", "cat", "cum")
+    __slots__ = ("rank", "lane", "events", "phases", "start", "end", "cat", "cum")
 
     def __init__(self, rank: int, lane: str, events: list[Event], offset_ns: int) -> None:
-        cats, _, _, _, starts, ends, _ = zip(*events)
+        cats, phases, _, _, starts, ends, _ = zip(*events)
         start = np.array(starts, dtype=np.int64)
         end = np.array(ends, dtype=np.int64)
         if len(start) > 1 and bool((start[1:] < start[:-1]).any()):
             order = np.argsort(start, kind="stable")
             events = [events[i] for i in order.tolist()]
             cats = tuple(cats[i] for i in order.tolist())
+            phases = tuple(phases[i] for i in order.tolist())
             start, end = start[order], end[order]
-        self.rank, self.lane, self.events = rank, lane, events
+        self.rank, self.lane, self.events, self.phases = rank, lane, events, phases
         self.start: I64 = start + offset_ns
         self.end: I64 = np.maximum(end + offset_ns, self.start)
         self.cat = np.fromiter(map(CATEGORY_INDEX.__getitem__, cats), dtype=np.intp, count=len(cats))
@@ -210,24 +215,24 @@ def _last_before(lanes: Sequence[LaneTrace], phase: str, t: int, exclude: int) -
 
 
 def _first(lanes: Sequence[LaneTrace], phase: str) -> tuple[int, int] | None:
+    """(lane index, task index) of the earliest task of ``phase``."""
     best: tuple[int, int, int] | None = None
     for li, lane in enumerate(lanes):
-        for j, e in enumerate(lane.events):
-            if e.phase == phase:
-                if best is None or lane.start[j] < best[0]:
-                    best = (int(lane.start[j]), li, j)
-                break
+        if phase in lane.phases:
+            j = lane.phases.index(phase)
+            if best is None or lane.start[j] < best[0]:
+                best = (int(lane.start[j]), li, j)
     return None if best is None else (best[1], best[2])
 
 
 def _last(lanes: Sequence[LaneTrace], phase: str) -> tuple[int, int] | None:
+    """(lane index, task index) of the latest-ending task of ``phase``."""
     best: tuple[int, int, int] | None = None
     for li, lane in enumerate(lanes):
-        for j in range(len(lane.events) - 1, -1, -1):
-            if lane.events[j].phase == phase:
-                if best is None or lane.end[j] > best[0]:
-                    best = (int(lane.end[j]), li, j)
-                break
+        if phase in lane.phases:
+            j = len(lane.phases) - 1 - lane.phases[::-1].index(phase)
+            if best is None or lane.end[j] > best[0]:
+                best = (int(lane.end[j]), li, j)
     return None if best is None else (best[1], best[2])
 
 
@@ -269,10 +274,17 @@ def assemble(
     zero = np.zeros(len(CATEGORIES))
     for r in ranks:
         off = offsets.get(r, 0)
+        evs = events[r]
+        names = set(map(_LANE, evs))
         per_lane: dict[str, list[Event]] = {}
-        for e in events[r]:
-            per_lane.setdefault(e.lane, []).append(e)
-        comm[r] = per_lane.pop("comm", [])
+        if len(names - {"comm"}) == 1:  # the usual case: one compute lane, in a single pass each
+            (only,) = names - {"comm"}
+            per_lane[only] = [e for e in evs if e[3] != "comm"] if "comm" in names else list(evs)
+            comm[r] = [e for e in evs if e[3] == "comm"] if "comm" in names else []
+        else:
+            for e in evs:
+                per_lane.setdefault(e.lane, []).append(e)
+            comm[r] = per_lane.pop("comm", [])
         if not per_lane:
             per_lane["main"] = []
         rank_lanes = [LaneTrace(r, name, evs, off) for name, evs in sorted(per_lane.items()) if evs]
@@ -327,22 +339,12 @@ def assemble(
 
 def _run_ending(bld: _Builder, ids: list[int], t: int) -> int:
     """The last stretch of a lane that ends by ``t``: the one a cut at ``t`` closed."""
-    best = ids[0]
-    for v in ids:
-        if bld.b[v] > t:
-            break
-        best = v
-    return best
+    return max(bisect.bisect_right(bld.b, t, ids[0], ids[-1] + 1) - 1, ids[0])
 
 
 def _run_starting(bld: _Builder, ids: list[int], t: int) -> int:
     """The last stretch of a lane that starts by ``t``: the one a cut before the task starting at ``t`` opened."""
-    best = ids[0]
-    for v in ids:
-        if bld.a[v] > t:
-            break
-        best = v
-    return best
+    return max(bisect.bisect_right(bld.a, t, ids[0], ids[-1] + 1) - 1, ids[0])
 
 
 def _add_collectives(

@@ -123,7 +123,7 @@ class IterationAnalysis:
     bottleneck: str
     straggler: Straggler | None
     exposed_comm_ms: float
-    """Communication on the critical path: not hidden under compute."""
+    """Communication not hidden under compute: how much shorter the replayed iteration is with free collectives."""
     overlap_ratio: float
     """Fraction of all-reduce time hidden under computation (1 = fully overlapped)."""
     per_rank: tuple[RankRow, ...]

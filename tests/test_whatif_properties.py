@@ -1,0 +1,128 @@
+"""Invariants of the critical path and the replay on random consistent WFBP schedules (hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dagtop.model.analysis import analyse
+from dagtop.model.dag import assemble
+from dagtop.model.replay import durations, replay
+from dagtop.model.whatif import CommFit
+from instrument.wire import Event
+
+US = 1_000
+
+
+@st.composite
+def schedules(draw: st.DrawFn) -> dict[int, list[Event]]:
+    """A consistent multi-rank iteration: per rank a serial main lane with gaps, buckets ready inside the
+    backward, collectives that start at the latest ready and run one at a time, updates after the last one."""
+    ranks = draw(st.integers(1, 4))
+    blocks = draw(st.integers(1, 6))
+    buckets = draw(st.integers(1, 3))
+    dur = st.integers(1, 5_000)
+    gap = st.integers(0, 300)
+    events: dict[int, list[Event]] = {}
+    ready: dict[int, list[int]] = {}
+    bwd_end: dict[int, int] = {}
+    for r in range(ranks):
+        t = draw(gap)
+        evs = []
+        for cat, phase, name in (("io", "load", "next"), ("pcie", "h2d", "to_device")):
+            d = draw(dur)
+            evs.append(Event(cat, phase, name, "main", t * US, (t + d) * US, 0))
+            t += d + draw(gap)
+        for b in range(blocks):
+            d = draw(dur)
+            evs.append(Event("compute", "forward", f"b{b}", "main", t * US, (t + d) * US, 0))
+            t += d + draw(gap)
+        marks = []
+        for b in reversed(range(blocks)):
+            d = draw(dur)
+            evs.append(Event("compute", "backward", f"b{b}", "main", t * US, (t + d) * US, 0))
+            marks.append(t + draw(st.integers(0, d)))  # somewhere inside this block
+            t += d + draw(gap)
+        marks.sort()
+        ready[r] = [marks[min(k * len(marks) // buckets, len(marks) - 1)] for k in range(buckets)]
+        bwd_end[r] = t
+        events[r] = evs
+    channel = 0
+    for k in range(buckets):
+        start = max(max(ready[r][k] for r in range(ranks)), channel)
+        end = start + draw(dur)
+        channel = end
+        for r in range(ranks):
+            events[r].append(Event("allreduce", "allreduce", f"bucket {k}", "comm", ready[r][k] * US, end * US,
+                                   draw(st.integers(1, 10**7))))
+    for r in range(ranks):
+        t = max(bwd_end[r], channel) + draw(gap)
+        d = draw(dur)
+        events[r].append(Event("compute", "update", "optimizer.step", "main", t * US, (t + d) * US, 0))
+    return events
+
+
+@settings(max_examples=150, deadline=None)
+@given(schedules())
+def test_path_bounds_shares_and_identity(events: dict[int, list[Event]]) -> None:
+    origin = {r: 0 for r in events}
+    a = analyse(1, events, {}, origin)
+    path_ns = sum(s.end_ns - s.start_ns for s in a.critical_path)
+    # The path tiles the replayed iteration, which reproduces the observed one.
+    assert path_ns == pytest.approx(a.predicted_ms * 1e6, abs=len(a.critical_path) + 2)
+    assert a.predicted_ms == pytest.approx(a.measured_ms, abs=1e-6)
+    for r, evs in events.items():
+        lane_busy = sum(e.end_ns - e.start_ns for e in evs if e.lane == "main")
+        assert path_ns >= lane_busy - len(a.critical_path) - 2
+    everything = sum(e.end_ns - e.start_ns for evs in events.values() for e in evs)
+    gaps = sum(s.end_ns - s.start_ns for s in a.critical_path if s.phase == "gap")
+    assert path_ns - gaps <= everything
+    assert sum(a.shares.values()) == pytest.approx(1.0)
+    assert all(0.0 <= v <= 1.0 for v in a.shares.values())
+    # Segments are in time order and do not overlap.
+    for s1, s2 in zip(a.critical_path, a.critical_path[1:]):
+        assert s1.end_ns <= s2.start_ns + 1
+    # Cheaper communication never makes the iteration slower; dearer never faster.
+    w = {x.change: x.iteration_ms for x in a.what_if}
+    assert w["all-reduce ×0.5"] <= a.predicted_ms + 1e-9 <= w["all-reduce ×2"] + 2e-9
+    assert w["perfect overlap"] <= w["all-reduce ×0.5"] + 1e-9
+    assert 0.0 <= a.overlap_ratio <= 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(schedules())
+def test_identity_replay_reproduces_every_node(events: dict[int, list[Event]]) -> None:
+    dag = assemble(events, {}, {r: 0 for r in events})
+    import numpy as np
+
+    start, end = replay(dag, durations(dag, np.ones((1, len(dag.ranks) + 1, 5))))
+    assert np.allclose(start[0], dag.a, atol=1.0)
+    assert np.allclose(end[0], dag.b, atol=1.0)
+
+
+@given(st.lists(st.integers(1_000, 10**8), min_size=2, max_size=20, unique=True),
+       st.floats(1e-6, 1e-3), st.floats(1e-11, 1e-8), st.integers(2, 64))
+def test_alpha_beta_fit_recovers_the_ring_model(sizes: list[int], alpha: float, beta: float, workers: int) -> None:
+    fit = CommFit()
+    for m in sizes:
+        t = 2 * (workers - 1) * alpha + 2 * (workers - 1) / workers * m * beta
+        fit.add(workers, m, t)
+    model = fit.model()
+    assert model is not None
+    for m in sizes:
+        truth = 2 * (2 * workers - 1) * alpha + 2 * (2 * workers - 1) / (2 * workers) * m * beta
+        assert model.seconds(2 * workers, m) == pytest.approx(truth, rel=1e-3)
+
+
+def test_alpha_beta_fit_degenerate_cases() -> None:
+    one = CommFit()
+    assert one.model() is None
+    one.add(1, 1000, 0.01)
+    assert one.model() is None  # one worker: nothing is communicated
+    same = CommFit()
+    for _ in range(5):
+        same.add(4, 1_000_000, 0.003)
+    model = same.model()
+    assert model is not None and model.alpha_s == 0.0  # one bucket size: all cost per byte
+    assert model.seconds(4, 1_000_000) == pytest.approx(0.003)
