@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from instrument import wire
-from instrument.timing import Stamp
+from instrument.timing import Stamp, Switch
 
 
 class BucketTimer:
@@ -29,12 +29,12 @@ class BucketTimer:
         ddp: "torch.nn.parallel.DistributedDataParallel",
         sink: Callable[[tuple[Any, ...]], None],
         stamp: Stamp,
-        enabled: Callable[[], bool],
+        switch: Switch,
         fail: Callable[[BaseException], None],
     ) -> None:
         self._sink = sink
         self._stamp = stamp
-        self._enabled = enabled
+        self._switch = switch
         self._fail = fail
         self._names = {id(p): n for n, p in ddp.module.named_parameters()}
         self.capture = False
@@ -44,7 +44,7 @@ class BucketTimer:
         ddp.register_comm_hook(ddp.process_group, self._hook)
 
     def _hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        if not self._enabled():
+        if not self._switch.on:
             return allreduce_hook(state, bucket)
         try:
             ready = self._stamp()
@@ -76,7 +76,7 @@ class BucketTimer:
 def time_buffer_sync(
     ddp: "torch.nn.parallel.DistributedDataParallel",
     sink: Callable[[tuple[Any, ...]], None],
-    enabled: Callable[[], bool],
+    switch: Switch,
     fail: Callable[[BaseException], None],
 ) -> bool:
     """Time DDP's buffer broadcast (``broadcast_buffers=True``, the default) before each forward.
@@ -95,7 +95,7 @@ def time_buffer_sync(
     now = time.perf_counter_ns
 
     def timed_sync_buffers(*args: Any, **kwargs: Any) -> Any:
-        if not enabled():
+        if not switch.on:
             return sync(*args, **kwargs)
         start = now()
         result = sync(*args, **kwargs)

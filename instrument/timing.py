@@ -8,27 +8,57 @@ from typing import Any
 import torch
 from torch import nn
 
+MAX_PENDING_EVENTS = 200_000
+"""Forwards with gradients but no optimizer step (a validation loop without no_grad) stop being timed here."""
+
 Stamp = Callable[[], Any]
 """Returns a timestamp: ``perf_counter_ns()`` on CPU, a recorded CUDA event on a GPU."""
+
+
+_grad_enabled = torch.is_grad_enabled
+_graph_task_id = torch._C._current_graph_task_id
 
 
 def _training_forward() -> bool:
     # Under activation checkpointing the forward runs again inside backward (graph task id >= 0):
     # that recompute is part of the backward we already time, so the forward hooks stay quiet.
-    return torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
+    return _grad_enabled() and _graph_task_id() == -1
 
 
-def _grad_fns(value: Any, depth: int = 0) -> Iterator[Any]:
-    """The autograd nodes that produced the tensors of a module's input or output (tensor, tuple, list, dict)."""
+class Switch:
+    """Whether the shim is timing: one flag shared by every hook (an attribute read, cheaper than a call)."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = True
+
+
+def _grad_fns(value: Any) -> list[Any]:
+    """The autograd nodes that produced the tensors of a module's input or output (tensor, tuple, list, dict).
+
+    Runs twice per timed module per iteration: the common shapes (a tensor, a 1-tuple of args) come first.
+    """
     if isinstance(value, torch.Tensor):
-        if value.grad_fn is not None:
-            yield value.grad_fn
+        return [] if value.grad_fn is None else [value.grad_fn]
+    if type(value) is tuple and len(value) == 1 and isinstance(value[0], torch.Tensor):
+        node = value[0].grad_fn
+        return [] if node is None else [node]
+    nodes: list[Any] = []
+    _collect(value, nodes, 0)
+    return nodes
+
+
+def _collect(value: Any, nodes: list[Any], depth: int) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None and all(value.grad_fn is not n for n in nodes):
+            nodes.append(value.grad_fn)
     elif depth < 2 and isinstance(value, (tuple, list)):
         for item in value:
-            yield from _grad_fns(item, depth + 1)
+            _collect(item, nodes, depth + 1)
     elif depth < 2 and isinstance(value, dict):
         for item in value.values():
-            yield from _grad_fns(item, depth + 1)
+            _collect(item, nodes, depth + 1)
 
 
 def block_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -73,16 +103,15 @@ class Unit:
 class _Boundary:
     """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node."""
 
-    __slots__ = ("node", "callbacks", "_stamp", "_enabled", "_fail")
+    __slots__ = ("node", "callbacks", "_stamp", "_switch", "_fail")
 
-    def __init__(self, node: Any, stamp: Stamp, enabled: Callable[[], bool],
-                 fail: Callable[[BaseException], None]) -> None:
+    def __init__(self, node: Any, stamp: Stamp, switch: Switch, fail: Callable[[BaseException], None]) -> None:
         self.node = node
         self.callbacks: list[Callable[[Any], None]] = []
-        self._stamp, self._enabled, self._fail = stamp, enabled, fail
+        self._stamp, self._switch, self._fail = stamp, switch, fail
 
     def __call__(self, grad_outputs: Any) -> None:
-        if not self._enabled():
+        if not self._switch.on:
             return
         try:
             now = self._stamp()
@@ -93,7 +122,7 @@ class _Boundary:
 
 
 class UnitTimer:
-    """Times the forward and backward of each unit and appends events to ``sink()``.
+    """Times the forward and backward of each unit and appends events to ``events``.
 
     Backward start: a prehook on the autograd node that produced the unit's output (the gradient has
     arrived). Backward end: a prehook on the node that produced the unit's input (the gradient of the input
@@ -105,17 +134,18 @@ class UnitTimer:
     def __init__(
         self,
         units: list[tuple[str, nn.Module]],
-        sink: Callable[[tuple[Any, ...]], None],
+        events: list[tuple[Any, ...]],
         stamp: Stamp,
         lane: str,
-        enabled: Callable[[], bool],
+        switch: Switch,
         fail: Callable[[BaseException], None],
     ) -> None:
         self.units = [Unit(n, m) for n, m in units]
-        self._sink = sink
+        self._events = events
+        self._sink = events.append  # list.append is atomic: autograd threads append concurrently
         self._stamp = stamp
         self._lane = lane
-        self._enabled = enabled
+        self._switch = switch
         self._fail = fail
         self._handles: list[Any] = []
         self._boundaries: dict[int, _Boundary] = {}
@@ -160,16 +190,18 @@ class UnitTimer:
         """
         boundary = self._boundaries.get(id(node))
         if boundary is None:
-            boundary = self._boundaries[id(node)] = _Boundary(node, self._stamp, self._enabled, self._fail)
+            if len(self._boundaries) >= MAX_PENDING_EVENTS:  # many forwards and no step: let go of old graphs
+                self._boundaries.clear()
+            boundary = self._boundaries[id(node)] = _Boundary(node, self._stamp, self._switch, self._fail)
             node.register_prehook(boundary)
         boundary.callbacks.append(callback)
 
     def _pre_hook(self, unit: Unit) -> Callable[..., None]:
-        stamp, enabled = self._stamp, self._enabled
+        stamp, switch, events = self._stamp, self._switch, self._events
         on_end = self._backward_end(unit)
 
         def forward_pre(module: nn.Module, args: Any) -> None:
-            if not enabled():
+            if not switch.on or len(events) >= MAX_PENDING_EVENTS:
                 return
             try:
                 if not _training_forward():
@@ -189,16 +221,16 @@ class UnitTimer:
         return forward_pre
 
     def _post_hook(self, unit: Unit) -> Callable[..., None]:
-        stamp, enabled, sink, lane = self._stamp, self._enabled, self._sink, self._lane
+        stamp, switch, sink, lane = self._stamp, self._switch, self._sink, self._lane
         on_start = self._backward_start(unit)
         name = unit.name
 
         def forward_post(module: nn.Module, args: Any, output: Any) -> None:
-            if not enabled():
+            if not switch.on:
                 return
             try:
                 start = unit.fwd_start
-                if start is None or not _training_forward():
+                if start is None:  # the pre hook saw no training forward (no grad, or a checkpoint recompute)
                     return
                 sink(("compute", "forward", name, lane, start, stamp(), 0))
                 unit.fwd_start = None

@@ -133,7 +133,9 @@ class Tracer:
         self.granularity = granularity
         self.sample_every = sample_every
         self.iteration = 0
-        self._on = True
+        from instrument.timing import Switch
+
+        self._switch = Switch()
         self._forked = False
         self._warned = threading.Lock()
         self._closed = False
@@ -172,9 +174,9 @@ class Tracer:
         self._stamp = stamp
         self._lane = "gpu" if self._cuda is not None else "main"
 
-        enabled = self._enabled
-        self._blocks = UnitTimer(block_units(module), self._emit, stamp, self._lane, enabled, self._fail)
-        self._layers = UnitTimer(layer_units(module), self._emit, stamp, self._lane, enabled, self._fail)
+        switch = self._switch
+        self._blocks = UnitTimer(block_units(module), self._events, stamp, self._lane, switch, self._fail)
+        self._layers = UnitTimer(layer_units(module), self._events, stamp, self._lane, switch, self._fail)
         self._detailed_now = False
         self._switch_units(self._detailed(0))
         self._handles.append(optimizer.register_step_pre_hook(self._on_step_start))
@@ -186,9 +188,9 @@ class Tracer:
         if ddp is not None:
             from instrument.comm import BucketTimer, time_buffer_sync
 
-            time_buffer_sync(ddp, self._emit, enabled, self._fail)
+            time_buffer_sync(ddp, self._events.append, switch, self._fail)
             # Last: a comm hook cannot be unregistered, so nothing that can still fail comes after it.
-            self._comm = BucketTimer(ddp, self._emit, self._comm_stamp(ddp), enabled, self._fail)
+            self._comm = BucketTimer(ddp, self._events.append, self._comm_stamp(ddp), switch, self._fail)
 
     @property
     def enabled(self) -> bool:
@@ -238,12 +240,13 @@ class Tracer:
 
     # ------------------------------------------------------------------ internals
 
-    def _enabled(self) -> bool:
-        return self._on
+    @property
+    def _on(self) -> bool:
+        return self._switch.on
 
-    def _emit(self, event: tuple[Any, ...]) -> None:
-        # list.append is atomic: hooks on autograd and gloo threads may call this concurrently.
-        self._events.append(event)
+    @_on.setter
+    def _on(self, value: bool) -> None:
+        self._switch.on = value
 
     def _fail(self, exc: BaseException) -> None:
         """Any internal error: stop timing and publishing, warn once, let training go on."""
@@ -304,7 +307,10 @@ class Tracer:
                 self._events.append(("compute", "update", "optimizer.step", self._lane, self._update_start,
                                      self._stamp(), 0))
                 self._update_start = None
-            events, self._events = self._events, []
+            # One list for the whole run (hooks hold its append): take what is there, leave what may arrive.
+            count = len(self._events)
+            events = self._events[:count]
+            del self._events[:count]
             self._publisher.put_iteration(self.iteration, events)
             self.iteration += 1
             if self._comm is not None:

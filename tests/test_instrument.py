@@ -144,11 +144,11 @@ def test_an_exception_in_a_hook_disables_the_shim_with_one_warning(
     calls = {"n": 0}
     real = instrument.timing._grad_fns
 
-    def flaky(value: Any, depth: int = 0) -> Any:
+    def flaky(value: Any) -> Any:
         calls["n"] += 1
         if calls["n"] > 10:
             raise RuntimeError("boom")
-        return real(value, depth)
+        return real(value)
 
     monkeypatch.setattr(instrument.timing, "_grad_fns", flaky)
     with warnings.catch_warnings(record=True) as caught:
