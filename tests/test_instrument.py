@@ -252,3 +252,33 @@ def test_forked_dataloader_workers_leave_the_publisher_alone(endpoint: str) -> N
         optimizer.step()
     assert tracer.enabled and tracer.iteration == 4
     tracer.close()
+
+
+def test_a_monitor_started_after_the_job_still_gets_a_hello(endpoint: str) -> None:
+    model, optimizer = _setup()
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    _train(tracer, model, optimizer, 2)
+    time.sleep(1.0)  # past the early hellos: only the periodic one (every 2 s) can reach a late monitor
+    late = Collector(endpoint)
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline and not late.frames:
+        time.sleep(0.05)
+    tracer.close()
+    time.sleep(0.2)
+    decoded = [wire.decode(f.payload) for f in late.stop()]
+    hellos = [f for f in decoded if isinstance(f, wire.Hello)]
+    assert hellos and hellos[0].world == 1 and hellos[0].model == "Net" and hellos[0].granularity == "block"
+    assert hellos[0].params == sum(p.numel() for p in model.parameters())
+    assert any(isinstance(f, wire.Bye) and f.iterations == 2 for f in decoded)
+
+
+def test_a_publisher_that_cannot_start_disables_the_shim_not_training() -> None:
+    model, optimizer = _setup()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracer = instrument.attach(model, optimizer, endpoint="nonsense://nowhere")
+        time.sleep(0.3)
+        losses = _train(tracer, model, optimizer, 3)
+    assert len([w for w in caught if "dagtop" in str(w.message)]) == 1
+    assert not tracer.enabled and len(losses) == 3
+    tracer.close()
