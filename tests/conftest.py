@@ -60,3 +60,9 @@ def collector(endpoint: str) -> Iterator[Collector]:
     c = Collector(endpoint)
     yield c
     c.stop()
+
+
+@pytest.fixture
+def make_collector() -> Iterator[type[Collector]]:
+    """The Collector class, for tests that start a monitor themselves (late, or going away)."""
+    yield Collector

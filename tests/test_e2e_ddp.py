@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dagtop.demo.launch import DemoJob, record_demo
 from dagtop.recording import read_recording
 from instrument import wire
-from tests.conftest import Collector
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +20,10 @@ BLOCKS = ["stem", "block1", "block2", "block3", "pool", "head"]
 
 def _frames(path: Path) -> list[wire.Frame]:
     return [wire.decode(raw.payload) for raw in read_recording(path)]
+
+
+def _iterations_in(frames: list[Any]) -> int:
+    return sum(1 for f in list(frames) if isinstance(wire.decode(f.payload), wire.IterationBatch))
 
 
 def test_every_complete_iteration_has_every_task_of_both_ranks(tmp_path: Path, endpoint: str) -> None:
@@ -71,13 +75,12 @@ def test_the_job_runs_to_the_end_with_no_monitor_listening(endpoint: str) -> Non
     assert job.returncodes == [0, 0], job.log_tail()
 
 
-def test_the_job_survives_a_monitor_that_goes_away(endpoint: str) -> None:
-    collector = Collector(endpoint)
+def test_the_job_survives_a_monitor_that_goes_away(endpoint: str, make_collector: Any) -> None:
+    collector = make_collector(endpoint)
     job = DemoJob(endpoint, ranks=2, iterations=60)
     job.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and sum(1 for f in collector.frames if wire.decode(f.payload).__class__
-                                              is wire.IterationBatch) < 10:
+    while time.monotonic() < deadline and _iterations_in(collector.frames) < 10:
         time.sleep(0.1)
     frames = collector.stop()
     assert len(frames) >= 10, job.log_tail()

@@ -16,7 +16,6 @@ from torch import nn
 import instrument
 from instrument import wire
 from instrument.tracer import NullTracer, Tracer, move
-from tests.conftest import Collector
 
 BLOCKS = ["stem", "body", "head"]
 
@@ -69,7 +68,7 @@ def _iterations(frames: list[Any]) -> dict[int, wire.IterationBatch]:
     return {f.iteration: f for f in decoded if isinstance(f, wire.IterationBatch)}
 
 
-def _run(collector: Collector, endpoint: str, steps: int = 6, **options: Any) -> dict[int, wire.IterationBatch]:
+def _run(collector: Any, endpoint: str, steps: int = 6, **options: Any) -> dict[int, wire.IterationBatch]:
     model, optimizer = _setup()
     tracer = instrument.attach(model, optimizer, endpoint=endpoint, **options)
     assert isinstance(tracer, Tracer)
@@ -88,7 +87,7 @@ def test_import_instrument_loads_no_torch_and_nothing_of_the_monitor() -> None:
     assert "instrument.wire" in loaded and "msgpack" in loaded
 
 
-def test_every_iteration_has_the_conventional_events(collector: Collector, endpoint: str) -> None:
+def test_every_iteration_has_the_conventional_events(collector: Any, endpoint: str) -> None:
     iterations = _run(collector, endpoint)
     assert sorted(iterations) == list(range(6))
     x, y = _data(1)[0]
@@ -108,7 +107,7 @@ def test_every_iteration_has_the_conventional_events(collector: Collector, endpo
         assert not by_phase["allreduce"]  # not DDP: nothing to all-reduce
 
 
-def test_tasks_on_the_main_lane_never_overlap_and_follow_program_order(collector: Collector, endpoint: str) -> None:
+def test_tasks_on_the_main_lane_never_overlap_and_follow_program_order(collector: Any, endpoint: str) -> None:
     for batch in _run(collector, endpoint).values():
         main = sorted((e for e in batch.events if e.lane == "main"), key=lambda e: (e.start_ns, e.end_ns))
         for before, after in zip(main, main[1:]):
@@ -120,7 +119,7 @@ def test_tasks_on_the_main_lane_never_overlap_and_follow_program_order(collector
         assert order[-1] == ("update", "optimizer.step")
 
 
-def test_layer_granularity_times_leaves_with_parameters(collector: Collector, endpoint: str) -> None:
+def test_layer_granularity_times_leaves_with_parameters(collector: Any, endpoint: str) -> None:
     iterations = _run(collector, endpoint, steps=3, granularity="layer")
     leaves = ["stem.0", "body.0", "body.1", "head.2"]
     for batch in iterations.values():
@@ -128,7 +127,7 @@ def test_layer_granularity_times_leaves_with_parameters(collector: Collector, en
         assert sorted(e.name for e in batch.events if e.phase == "backward") == sorted(leaves)
 
 
-def test_sampling_takes_layer_detail_one_iteration_in_k(collector: Collector, endpoint: str) -> None:
+def test_sampling_takes_layer_detail_one_iteration_in_k(collector: Any, endpoint: str) -> None:
     iterations = _run(collector, endpoint, steps=7, sample_every=3)
     for it, batch in iterations.items():
         names = [e.name for e in batch.events if e.phase == "forward"]
@@ -202,7 +201,7 @@ def test_move_copies_nested_batches_and_counts_bytes() -> None:
     assert isinstance(moved["pair"], Pair) and moved["pair"].b == 7 and moved["meta"][1] == "name"
 
 
-def test_loader_keeps_len_and_times_each_wait(collector: Collector, endpoint: str) -> None:
+def test_loader_keeps_len_and_times_each_wait(collector: Any, endpoint: str) -> None:
     model, optimizer = _setup()
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
     assert len(tracer.loader(_data(3))) == 3
@@ -254,12 +253,12 @@ def test_forked_dataloader_workers_leave_the_publisher_alone(endpoint: str) -> N
     tracer.close()
 
 
-def test_a_monitor_started_after_the_job_still_gets_a_hello(endpoint: str) -> None:
+def test_a_monitor_started_after_the_job_still_gets_a_hello(endpoint: str, make_collector: Any) -> None:
     model, optimizer = _setup()
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
     _train(tracer, model, optimizer, 2)
     time.sleep(1.0)  # past the early hellos: only the periodic one (every 2 s) can reach a late monitor
-    late = Collector(endpoint)
+    late = make_collector(endpoint)
     deadline = time.monotonic() + 4
     while time.monotonic() < deadline and not late.frames:
         time.sleep(0.05)
