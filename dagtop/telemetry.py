@@ -1,0 +1,171 @@
+"""Host and GPU telemetry of the monitor's machine: psutil and NVML sampled into frozen dataclasses.
+
+No Textual here: the collector thread samples, the screen draws the frozen result. NVML is optional:
+without a GPU (or without its driver library) :class:`TelemetrySampler` says why in ``gpu_status``
+and keeps sampling the host.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """CPU, memory, disk and network of the monitor's host; rates are per second since the previous sample."""
+
+    hostname: str
+    cpu_percent: float
+    cpus: int
+    mem_used_bytes: int
+    mem_total_bytes: int
+    disk_read_bytes_s: float
+    disk_write_bytes_s: float
+    net_rx_bytes_s: float
+    net_tx_bytes_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One NVIDIA GPU; a field is None where the device does not support it."""
+
+    index: int
+    name: str
+    util_percent: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    pcie_tx_bytes_s: float | None
+    pcie_rx_bytes_s: float | None
+    power_w: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySample:
+    """One sample of everything; ``gpu_status`` explains an empty ``gpus`` (no GPU, no driver)."""
+
+    host: HostSample | None
+    gpus: tuple[GpuSample, ...]
+    gpu_status: str | None
+
+
+Sampler = Callable[[], TelemetrySample]
+"""Anything that returns a sample: the real :class:`TelemetrySampler` or a fake in tests."""
+
+
+def _nvml_reason(exc: Exception) -> str:
+    name = type(exc).__name__
+    if "LibraryNotFound" in name:
+        return "no NVIDIA GPU (NVML library not found)"
+    if "DriverNotLoaded" in name:
+        return "no NVIDIA GPU (driver not loaded)"
+    return f"GPU telemetry unavailable ({exc})"
+
+
+class TelemetrySampler:
+    """Samples psutil and, when it loads, NVML. Call it from one thread; it keeps counters between calls.
+
+    Args:
+        nvml: the pynvml module (injected by tests); imported lazily when None.
+        clock: monotonic seconds, for rates.
+    """
+
+    def __init__(self, nvml: ModuleType | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self._nvml_ready: bool | None = None
+        self._gpu_status: str | None = None
+        self._handles: list[Any] = []
+        self._last: tuple[float, Any, Any] | None = None
+        self._hostname = socket.gethostname()
+        psutil.cpu_percent(None)  # the first call only starts the measurement interval
+
+    def __call__(self) -> TelemetrySample:
+        return TelemetrySample(self._host(), self._gpus(), self._gpu_status)
+
+    def close(self) -> None:
+        """Shut NVML down if it was started."""
+        if self._nvml_ready and self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - shutting down a library that already failed is no error
+                pass
+        self._nvml_ready = False
+
+    def _host(self) -> HostSample | None:
+        try:
+            now = self._clock()
+            disk = psutil.disk_io_counters()
+            net = psutil.net_io_counters()
+            mem = psutil.virtual_memory()
+            cpu = psutil.cpu_percent(None)
+        except (OSError, RuntimeError):
+            return None
+        rates = [0.0, 0.0, 0.0, 0.0]
+        if self._last is not None:
+            then, disk0, net0 = self._last
+            dt = max(now - then, 1e-6)
+            pairs = [(disk, disk0, "read_bytes"), (disk, disk0, "write_bytes"),
+                     (net, net0, "bytes_recv"), (net, net0, "bytes_sent")]
+            for i, (cur, old, field) in enumerate(pairs):
+                if cur is not None and old is not None:
+                    rates[i] = max(0.0, (getattr(cur, field) - getattr(old, field)) / dt)
+        self._last = (now, disk, net)
+        return HostSample(self._hostname, cpu, psutil.cpu_count() or 1, mem.total - mem.available, mem.total, *rates)
+
+    def _start_nvml(self) -> bool:
+        if self._nvml_ready is not None:
+            return self._nvml_ready
+        try:
+            if self._nvml is None:
+                import pynvml
+
+                self._nvml = pynvml
+            self._nvml.nvmlInit()
+            count = self._nvml.nvmlDeviceGetCount()
+            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._nvml_ready = True
+            if not self._handles:
+                self._gpu_status = "NVML found no GPU"
+        except Exception as exc:  # noqa: BLE001 - any NVML failure means: no GPU telemetry, say why
+            self._nvml_ready = False
+            self._gpu_status = _nvml_reason(exc)
+        return self._nvml_ready
+
+    def _gpus(self) -> tuple[GpuSample, ...]:
+        if not self._start_nvml():
+            return ()
+        nv = self._nvml
+        assert nv is not None
+
+        def get(fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: leave the field empty
+                return None
+
+        out = []
+        for i, h in enumerate(self._handles):
+            name = get(lambda h=h: nv.nvmlDeviceGetName(h))
+            util = get(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h))
+            mem = get(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h))
+            tx = get(lambda h=h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
+            rx = get(lambda h=h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
+            power = get(lambda h=h: nv.nvmlDeviceGetPowerUsage(h))
+            out.append(GpuSample(
+                index=i,
+                name=name.decode() if isinstance(name, bytes) else str(name or f"GPU {i}"),
+                util_percent=float(util.gpu) if util is not None else None,
+                mem_used_bytes=int(mem.used) if mem is not None else None,
+                mem_total_bytes=int(mem.total) if mem is not None else None,
+                pcie_tx_bytes_s=tx * 1024.0 if tx is not None else None,  # NVML reports KB/s
+                pcie_rx_bytes_s=rx * 1024.0 if rx is not None else None,
+                power_w=power / 1000.0 if power is not None else None,  # NVML reports mW
+            ))
+        return tuple(out)

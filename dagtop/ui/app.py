@@ -1,0 +1,251 @@
+"""The dagtop app and :func:`make_app`, the one factory the CLI, the tests and the screenshot script use."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.reactive import reactive
+from textual.widgets import Footer
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from dagtop.model.pipeline import Pipeline
+from dagtop.model.snapshot import EMPTY_SNAPSHOT, IterationAnalysis, Snapshot
+from dagtop.sources import FrameSource
+from dagtop.telemetry import Sampler
+from dagtop.ui.collector import Collector
+from dagtop.ui.screens.help import HelpScreen
+from dagtop.ui.screens.rank_picker import RankPicker
+from dagtop.ui.screens.what_if import WhatIfScreen
+from dagtop.ui.view import View
+from dagtop.ui.widgets.alert import Alert
+from dagtop.ui.widgets.history import History
+from dagtop.ui.widgets.panel import Panel
+from dagtop.ui.widgets.rank_table import RankTable
+from dagtop.ui.widgets.status_bar import StatusBar
+from dagtop.ui.widgets.telemetry import Telemetry
+from dagtop.ui.widgets.timeline import Timeline
+from dagtop.ui.widgets.verdict import Verdict
+from dagtop.ui.widgets.what_if import WhatIf
+
+FRAME_INTERVAL_S = 0.1
+"""How often the UI thread looks for a new snapshot: 10 frames/s at most, whatever the job's rate."""
+
+
+class Job(Protocol):
+    """What the screen needs of a job it started (the demo's :class:`~dagtop.demo.launch.DemoJob`)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def returncodes(self) -> list[int | None]: ...
+
+
+class DagtopApp(App[int]):
+    """The live screen. Collecting runs in a thread worker; the UI thread only reads its latest update."""
+
+    CSS_PATH = "dagtop.tcss"
+    TITLE = "dagtop"
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("p,space", "toggle_pause", "Pause", key_display="p"),
+        Binding("left", "step(-1)", "Prev it", key_display="←"),
+        Binding("right", "step(1)", "Next it", key_display="→"),
+        Binding("r", "pick_rank", "Rank"),
+        Binding("w", "what_if", "What-if"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+    ]
+
+    paused: reactive[bool] = reactive(False)
+    """True while the screen is frozen on one snapshot (collecting goes on underneath)."""
+    selected: reactive[int | None] = reactive(None)
+    """The iteration number shown while paused; None: the latest."""
+    focus_rank: reactive[int | None] = reactive(None)
+    """The rank picked with ``r``: drawn first and highlighted."""
+
+    def __init__(self, collector: Collector, *, source_label: str, live: bool, job: Job | None = None,
+                 job_log: str = "", waiting_hint: str = "", clock: Callable[[], int] = time.perf_counter_ns,
+                 frame_interval_s: float = FRAME_INTERVAL_S) -> None:
+        super().__init__()
+        self.collector = collector
+        self.source_label = source_label
+        self.live = live
+        self.job = job
+        self.job_log = job_log
+        self.waiting_hint = waiting_hint
+        self.clock = clock
+        self.frame_interval_s = frame_interval_s
+        self.shown: Snapshot = EMPTY_SNAPSHOT
+        """The snapshot on screen (frozen while paused)."""
+        self.shown_version = 0
+        self.refreshes = 0
+        """Times the panels were given a new view (tests and the benchmark read it)."""
+        self.job_exited: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.source_label, self.live, id="status")
+        yield Alert(id="alert")
+        yield Verdict(id="verdict")
+        yield Timeline(id="timeline")
+        with Horizontal(id="middle"):
+            yield RankTable(id="ranks")
+            yield WhatIf(id="what-if")
+        with Horizontal(id="bottom"):
+            yield History(id="history")
+            yield Telemetry(id="telemetry")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        titles = {"ranks": "ranks", "history": "history · iteration time by critical-path category",
+                  "what-if": "what if… (w)", "telemetry": "telemetry · this host", "timeline": "timeline"}
+        for widget_id, title in titles.items():
+            self.query_one(f"#{widget_id}").border_title = title
+        self.query_one(Alert).say(None)
+        self._push_view()
+        self.collect()
+        self.set_interval(self.frame_interval_s, self.tick)
+        if self.job is not None:
+            self.set_interval(0.5, self.check_job)
+
+    # ------------------------------------------------------------------ the collector and the frame clock
+
+    @work(thread=True, exclusive=True, exit_on_error=False, name="collector", group="collector")
+    def collect(self) -> None:
+        """Poll the source and fold frames in, off the UI thread, until the app ends."""
+        worker = get_current_worker()
+        self.collector.run(lambda: worker.is_cancelled)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.name == "collector" and event.state == WorkerState.ERROR:
+            self.query_one(Alert).say(f"collecting stopped: {event.worker.error}")
+
+    def tick(self) -> None:
+        """Once per frame interval: take the collector's latest update if it is new; keep the lag current."""
+        update = self.collector.latest
+        if update.version != self.shown_version:
+            self.shown_version = update.version
+            telemetry = self.query_one(Telemetry)
+            if update.telemetry is not telemetry.sample:
+                telemetry.sample = update.telemetry
+            if not self.paused and update.snapshot is not self.shown:
+                self.shown = update.snapshot
+                self._push_view()
+            if update.error:
+                self.query_one(Alert).say(update.error)
+        if self.live:
+            received = update.snapshot.received_ns
+            lag = (self.clock() - received) / 1e9 if received else None
+            status = self.query_one(StatusBar)
+            if lag is None or status.lag_s is None or abs(lag - status.lag_s) >= 0.01:
+                status.lag_s = lag
+
+    def shown_analysis(self) -> IterationAnalysis | None:
+        """The iteration the panels show: the selected one while paused, else the latest."""
+        iterations = self.shown.iterations
+        if self.selected is not None:
+            for a in iterations:
+                if a.iteration == self.selected:
+                    return a
+        return iterations[-1] if iterations else None
+
+    def _push_view(self) -> None:
+        view = View(self.shown, self.shown_analysis(), self.focus_rank, self.paused, self.waiting_hint)
+        for panel in self.query(Panel):
+            panel.view = view
+        self.refreshes += 1
+
+    def check_job(self) -> None:
+        """Say so on screen, once, when the job started for the demo has exited."""
+        if self.job is None or self.job_exited is not None or self.job.running:
+            return
+        codes = self.job.returncodes
+        how = "finished" if all(c == 0 for c in codes) else f"died (exit codes {codes})"
+        self.job_exited = f"the demo job {how}" + (f" · log: {self.job_log}" if self.job_log else "")
+        self.query_one(Alert).say(self.job_exited)
+
+    # ------------------------------------------------------------------ keys
+
+    def watch_paused(self, paused: bool) -> None:
+        if not paused:
+            self.selected = None
+            latest = self.collector.latest.snapshot
+            if latest is not self.shown:
+                self.shown = latest
+        self._push_view()
+
+    def watch_focus_rank(self) -> None:
+        self._push_view()
+
+    def watch_selected(self) -> None:
+        self._push_view()
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+
+    def action_step(self, delta: int) -> None:
+        """Browse iterations: ← pauses first; → past the newest does nothing."""
+        if not self.paused:
+            if delta > 0:
+                return
+            self.paused = True
+        numbers = [a.iteration for a in self.shown.iterations]
+        if not numbers:
+            return
+        current = self.selected if self.selected in numbers else numbers[-1]
+        index = min(max(numbers.index(current) + delta, 0), len(numbers) - 1)
+        self.selected = numbers[index]
+
+    def action_pick_rank(self) -> None:
+        analysis = self.shown_analysis()
+        if analysis is None:
+            self.notify("no rank has sent an iteration yet")
+            return
+
+        def picked(rank: int | None) -> None:
+            if rank != -1:
+                self.focus_rank = rank
+
+        self.push_screen(RankPicker(analysis.per_rank, self.focus_rank), picked)
+
+    def action_what_if(self) -> None:
+        analysis = self.shown_analysis()
+        if analysis is None:
+            self.notify("no iteration analysed yet")
+            return
+        self.push_screen(WhatIfScreen(analysis))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+
+def make_app(source: FrameSource, *, source_label: str | None = None, expected_ranks: int | None = None,
+             sampler: Sampler | None = None, pipeline: Pipeline | None = None, job: Job | None = None,
+             job_log: str = "", clock: Callable[[], int] = time.perf_counter_ns,
+             frame_interval_s: float = FRAME_INTERVAL_S) -> DagtopApp:
+    """The app on ``source``: the CLI, the tests and the screenshot script all build it here.
+
+    Args:
+        source: a live :class:`~dagtop.sources.ZmqSource` or a :class:`~dagtop.sources.RecordingSource`.
+        source_label: how the status line names the source (default: its endpoint or file).
+        expected_ranks: ranks to wait for (default: the ranks' hellos say).
+        sampler: telemetry; tests pass a fake so screenshots do not depend on the machine.
+        clock: monotonic ns for lag, the clock the live source stamps frames with.
+    """
+    endpoint = getattr(source, "endpoint", None)
+    if source_label is None:
+        path = getattr(getattr(source, "reader", None), "path", None)
+        source_label = f"live {endpoint}" if source.live else f"replay {path}"
+    hint = (f"waiting for ranks to publish to {endpoint} — run them with DAGTOP_ENDPOINT={endpoint}"
+            if source.live and endpoint else "reading the recording…")
+    collector = Collector(source, pipeline, sampler, clock=clock, expected_ranks=expected_ranks)
+    return DagtopApp(collector, source_label=source_label, live=source.live, job=job, job_log=job_log,
+                     waiting_hint=hint, clock=clock, frame_interval_s=frame_interval_s)

@@ -1,0 +1,104 @@
+"""The collector: polls a frame source, folds frames into the Pipeline and keeps the latest snapshot.
+
+It runs in a thread worker and never touches a widget. The UI thread reads :attr:`Collector.latest`
+on a fixed frame interval; a burst of frames only ever replaces that one reference, so nothing queues
+up and the screen cannot fall behind the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dagtop.model.pipeline import Pipeline
+from dagtop.model.snapshot import EMPTY_SNAPSHOT, Snapshot
+from dagtop.sources import FrameSource
+from dagtop.telemetry import Sampler, TelemetrySample
+
+POLL_S = 0.05
+"""Longest wait for frames in one poll: also how soon a cancel is noticed."""
+MAX_BATCH = 5_000
+"""Frames folded per poll at most, so a replay at full speed still publishes snapshots as it goes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What the collector hands to the screen: a snapshot, the latest telemetry, and a version to spot news."""
+
+    version: int
+    snapshot: Snapshot
+    telemetry: TelemetrySample | None
+    error: str | None = None
+    """Why collecting stopped (the source failed), for the screen to say."""
+
+
+class Collector:
+    """Owns the source and the pipeline; :meth:`run` is the body of the worker thread.
+
+    Args:
+        source: live socket or recording.
+        pipeline: the model; built with ``expected_ranks`` when None.
+        sampler: telemetry sampler (None: no telemetry).
+        telemetry_every_s: how often to sample telemetry.
+        publish_every_s: the fewest seconds between two snapshots (building one costs; the screen needs ~10/s).
+        clock: monotonic ns, the same clock the live source stamps frames with.
+    """
+
+    def __init__(self, source: FrameSource, pipeline: Pipeline | None = None, sampler: Sampler | None = None,
+                 telemetry_every_s: float = 1.0, publish_every_s: float = 0.05,
+                 clock: Callable[[], int] = time.perf_counter_ns, expected_ranks: int | None = None) -> None:
+        self.source = source
+        self.pipeline = pipeline or Pipeline(expected_ranks=expected_ranks)
+        self.sampler = sampler
+        self.telemetry_every_ns = int(telemetry_every_s * 1e9)
+        self.publish_every_ns = int(publish_every_s * 1e9)
+        self.clock = clock
+        self.latest = Update(0, EMPTY_SNAPSHOT, None)
+        """The newest update: replaced whole (one reference assignment), read by the UI thread."""
+        self.frames_folded = 0
+        self._telemetry: TelemetrySample | None = None
+        self._last_telemetry_ns: int | None = None
+        self._last_publish_ns = 0
+        self._dirty = False
+        self._finished = False
+
+    def step(self) -> None:
+        """One poll and fold; publishes when due. Call repeatedly from one thread."""
+        now = self.clock()
+        if self.sampler is not None and (self._last_telemetry_ns is None
+                                         or now - self._last_telemetry_ns >= self.telemetry_every_ns):
+            self._telemetry = self.sampler()
+            self._last_telemetry_ns = now
+            self._dirty = True
+        if self._finished:
+            time.sleep(POLL_S)
+        else:
+            frames = self.source.poll(POLL_S, MAX_BATCH)
+            if frames:
+                self.pipeline.feed(frames)
+                self.frames_folded += len(frames)
+                self._dirty = True
+            if self.source.finished:
+                self.pipeline.finish()
+                self._finished = self._dirty = True
+            elif self.source.live:
+                self.pipeline.expire(self.clock())
+        now = self.clock()
+        if self._dirty and (self._finished or now - self._last_publish_ns >= self.publish_every_ns):
+            self.publish()
+            self._last_publish_ns = now
+
+    def publish(self, error: str | None = None) -> None:
+        """Build a snapshot and make it the latest update."""
+        self.latest = Update(self.latest.version + 1, self.pipeline.snapshot(), self._telemetry, error)
+        self._dirty = False
+
+    def run(self, cancelled: Callable[[], bool]) -> None:
+        """Step until ``cancelled()``; a failing source ends collecting with its error published."""
+        try:
+            while not cancelled():
+                self.step()
+        except Exception as exc:
+            self.publish(error=f"collecting stopped: {type(exc).__name__}: {exc}")
+            raise

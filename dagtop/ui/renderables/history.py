@@ -1,0 +1,116 @@
+"""Iteration time over the last iterations, each bar stacked by the categories of its critical path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment as RichSegment
+from rich.style import Style
+from rich.text import Text
+
+from dagtop.model.snapshot import IterationAnalysis
+from dagtop.ui.palette import STACK_ORDER, colour
+
+_EIGHTHS = " ▁▂▃▄▅▆▇█"
+WARM_UP = 1
+"""Iterations below this number do not set the scale; a taller bar is clipped."""
+AXIS_WIDTH = 7
+"""Cells for the ms labels on the left."""
+
+
+def stack_ms(analysis: IterationAnalysis) -> list[tuple[str, float]]:
+    """The iteration's measured time split by its critical path's shares, bottom of the stack first."""
+    return [(c, analysis.shares.get(c, 0.0) * analysis.measured_ms) for c in STACK_ORDER]
+
+
+def _column(stack: Sequence[tuple[str, float]], scale: float, rows: int) -> list[tuple[str, str]]:
+    """Cells of one bar from the bottom up: each full cell takes the category at its middle."""
+    bounds: list[tuple[float, str]] = []
+    top = 0.0
+    for category, ms in stack:
+        top += ms * scale
+        bounds.append((top, category))
+    cells: list[tuple[str, str]] = []
+    top = min(top, float(rows))
+    for k in range(rows):
+        if top >= k + 1:
+            mid = k + 0.5
+            category = next((c for b, c in bounds if b >= mid), bounds[-1][1])
+            cells.append(("█", category))
+        elif top > k:
+            eighths = round((top - k) * 8)
+            category = next((c for b, c in reversed(bounds) if b - 1e-9 <= top), bounds[-1][1])
+            cells.append((_EIGHTHS[eighths], category) if eighths else (" ", ""))
+        else:
+            cells.append((" ", ""))
+    return cells
+
+
+def history_lines(analyses: Sequence[IterationAnalysis], width: int, height: int,
+                  selected: int | None = None) -> list[Text]:
+    """The chart as ``height`` lines: bars right-aligned (newest right), ms scale left, iteration numbers below.
+
+    Args:
+        analyses: oldest first; the newest that fit are drawn.
+        selected: the iteration number marked with ``▲`` under its bar (the one the other panels show).
+    """
+    rows = max(height - 1, 1)
+    plot_w = max(width - AXIS_WIDTH, 1)
+    bar_w = max(1, min(3, plot_w // max(len(analyses), 1)))
+    shown = list(analyses)[-(plot_w // bar_w):]
+    # Iteration 0 pays for warm-up (allocator, DDP's bucket rebuild): it would flatten every other bar.
+    steady = [a.measured_ms for a in shown if a.iteration >= WARM_UP] or [a.measured_ms for a in shown]
+    peak = max(steady, default=0.0)
+    scale = rows / peak if peak > 0 else 0.0
+    columns = [_column(stack_ms(a), scale, rows) if a.measured_ms > 0 else [(" ", "")] * rows for a in shown]
+    lines = []
+    for k in reversed(range(rows)):
+        if k == rows - 1:
+            axis = f"{peak:.0f} ms"
+        elif k == 0:
+            axis = "0"
+        else:
+            axis = ""
+        line = Text(axis.rjust(AXIS_WIDTH - 1)[: AXIS_WIDTH - 1] + "│", style="dim")
+        line.append(" " * (plot_w - len(shown) * bar_w))
+        for a, col in zip(shown, columns):
+            glyph, category = col[k]
+            style = Style(color=colour(category)) if category else Style()
+            if a.iteration == selected:
+                style += Style(bold=True)
+            elif selected is not None:
+                style += Style(dim=True)
+            line.append(glyph * bar_w, style=style)
+        lines.append(line)
+    lines.append(_iteration_axis(shown, plot_w, bar_w, selected))
+    return lines[:height]
+
+
+def _iteration_axis(shown: Sequence[IterationAnalysis], plot_w: int, bar_w: int, selected: int | None) -> Text:
+    cells = [" "] * plot_w
+    offset = plot_w - len(shown) * bar_w
+    if shown:
+        first, last = f"it {shown[0].iteration}", f"{shown[-1].iteration}"
+        cells[offset:offset + len(first)] = list(first)
+        cells[plot_w - len(last):] = list(last)
+    for i, a in enumerate(shown):
+        if a.iteration == selected and a is not shown[-1]:
+            mark = f"▲{a.iteration}"
+            at = min(offset + i * bar_w, plot_w - len(mark))
+            cells[at:at + len(mark)] = list(mark)
+    return Text(" " * AXIS_WIDTH + "".join(cells)[:plot_w], style="dim")
+
+
+class HistoryChart:
+    """A Rich renderable of :func:`history_lines`, as tall as ``height``."""
+
+    def __init__(self, analyses: Sequence[IterationAnalysis], height: int, selected: int | None = None) -> None:
+        self.analyses = analyses
+        self.height = height
+        self.selected = selected
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in history_lines(self.analyses, options.max_width, self.height, self.selected):
+            yield from line.render(console)
+            yield RichSegment.line()

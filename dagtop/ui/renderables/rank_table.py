@@ -1,0 +1,54 @@
+"""The per-rank table: each rank's iteration time, its time per category and how far it is from the median."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from dagtop.model.snapshot import IterationAnalysis, RankRow
+from dagtop.ui.palette import FOCUS_STYLE, STRAGGLER_COLOUR, colour, label
+
+
+def visible_rows(rows: Sequence[RankRow], limit: int, focus_rank: int | None = None) -> tuple[list[RankRow], bool]:
+    """The rows to draw in ``limit`` lines: all of them by rank when they fit, else the slowest first.
+
+    Returns:
+        (rows, sorted_by_deviation). The focused rank is always kept.
+    """
+    if len(rows) <= limit:
+        return sorted(rows, key=lambda r: r.rank), False
+    slowest = sorted(rows, key=lambda r: (r.rank != focus_rank, not r.straggler, -r.deviation_ms, r.rank))
+    return slowest[: max(limit, 1)], True
+
+
+def rank_table(analysis: IterationAnalysis, height: int, width: int, focus_rank: int | None = None) -> Table:
+    """A Rich table for ``height`` lines (header included); narrow widths leave out pcie and other."""
+    wide = width >= 66
+    tight = width < 50
+    rows, slowest_first = visible_rows(analysis.per_rank, max(height - 2, 1), focus_rank)
+    table = Table(box=box.SIMPLE_HEAD, expand=True, padding=(0, 1), show_edge=False, pad_edge=False, collapse_padding=tight,
+                  title=("slowest first" if slowest_first else None), title_style="dim", title_justify="right")
+    if slowest_first:
+        rows = rows[: max(height - 3, 1)]  # the title takes a line
+    short = {"io": "io", "pcie": "pcie", "compute": "cmp", "allreduce": "a-r", "other": "oth"}
+    table.add_column("r" if tight else "rank", justify="right", no_wrap=True)
+    table.add_column("iter" if tight else "iter ms", justify="right", no_wrap=True)
+    columns = ["io", "pcie", "compute", "allreduce", "other"] if wide else ["io", "compute", "allreduce"]
+    for c in columns:
+        heading = short[c] if tight else (label(c) if c != "allreduce" else "all-red")
+        table.add_column(Text(heading, style=colour(c)), justify="right", no_wrap=True)
+    table.add_column("Δmed" if tight else "Δ median", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True, min_width=1)
+    for r in rows:
+        values = {"io": r.io_ms, "pcie": r.pcie_ms, "compute": r.compute_ms, "allreduce": r.allreduce_ms,
+                  "other": r.other_ms}
+        mark = Text("◀", style=f"bold {STRAGGLER_COLOUR}") if r.straggler else Text("")
+        rank_style = FOCUS_STYLE if r.rank == focus_rank else (f"bold {STRAGGLER_COLOUR}" if r.straggler else "")
+        deviation = Text(f"{r.deviation_ms:+.1f}", style=STRAGGLER_COLOUR if r.straggler else "")
+        fmt = "{:.0f}" if tight else "{:.1f}"
+        table.add_row(Text(str(r.rank), style=rank_style), fmt.format(r.iteration_ms),
+                      *(fmt.format(values[c]) for c in columns), deviation, mark)
+    return table

@@ -1,0 +1,243 @@
+"""The Gantt chart of one iteration: a row per rank and lane, the collectives across ranks and the critical path.
+
+Glyphs carry the meaning as well as colours (so a screen capture over SSH still reads):
+``█`` a task on the critical path, ``▒`` a task off it, ``·`` a rank waiting for the others at a collective,
+``━`` a collective running on every rank. The last row follows the critical path through time and names
+the rank it runs on, so a jump to a straggler shows as a change of rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment as RichSegment
+from rich.style import Style
+from rich.text import Text
+
+from dagtop.model.snapshot import IterationAnalysis
+from dagtop.ui.palette import FOCUS_STYLE, STRAGGLER_COLOUR, colour
+
+LABEL_WIDTH = 10
+"""Cells for the row labels (``r12 comm``) on the left."""
+CRITICAL, OFF_PATH, WAIT, COLLECTIVE = "█", "▒", "·", "━"
+_LANE_ORDER = {"main": 0, "comm": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One drawn row: its label, its label's style and its plot cells."""
+
+    label: str
+    label_style: Style | str
+    cells: Text
+
+
+def _lane_key(lane: str) -> tuple[int, str]:
+    return (_LANE_ORDER.get(lane, 2), lane)
+
+
+class _Grid:
+    """Maps the iteration's time span onto ``width`` cells and paints the winner of each cell."""
+
+    def __init__(self, origin_ns: int, end_ns: int, width: int) -> None:
+        self.origin = origin_ns
+        self.width = max(width, 1)
+        self.scale = self.width / max(end_ns - origin_ns, 1)
+
+    def span(self, start_ns: int, end_ns: int) -> range:
+        c0 = int((start_ns - self.origin) * self.scale)
+        c1 = int((end_ns - self.origin) * self.scale + 0.999)
+        c0 = min(max(c0, 0), self.width - 1)
+        return range(c0, min(max(c1, c0 + 1), self.width))
+
+    def overlap(self, cell: int, start_ns: int, end_ns: int) -> float:
+        lo = self.origin + cell / self.scale
+        hi = self.origin + (cell + 1) / self.scale
+        return max(0.0, min(hi, end_ns) - max(lo, start_ns)) or 1e-9
+
+
+Cell = tuple[str, Style | str]
+
+
+_PRIORITY = {OFF_PATH: 0, WAIT: 1, COLLECTIVE: 1, CRITICAL: 2}
+"""Where spans share a cell, the more telling glyph wins (the critical path over the rest), then the longer span."""
+
+
+def _paint_cells(grid: _Grid, spans: Iterable[tuple[int, int, str, Style]]) -> list[Cell]:
+    """Each cell shows one span touching it: ``(start, end, glyph, style)``."""
+    best: list[tuple[tuple[int, float], str, Style] | None] = [None] * grid.width
+    for start, end, glyph, style in spans:
+        priority = _PRIORITY.get(glyph, 0)
+        for c in grid.span(start, end):
+            key = (priority, grid.overlap(c, start, end))
+            cur = best[c]
+            if cur is None or key > cur[0]:
+                best[c] = (key, glyph, style)
+    return [(" ", "") if b is None else (b[1], b[2]) for b in best]
+
+
+def _text(cells: Sequence[Cell]) -> Text:
+    text = Text()
+    for glyph, style in cells:
+        text.append(glyph, style=style)
+    return text
+
+
+def _paint(grid: _Grid, spans: Iterable[tuple[int, int, str, Style]]) -> Text:
+    return _text(_paint_cells(grid, spans))
+
+
+def _axis(grid: _Grid, total_ms: float) -> Text:
+    """Tick labels in ms every ~12 cells."""
+    cells = [" "] * grid.width
+    step_ms = _nice_step(total_ms * 12 / max(grid.width, 1))
+    t = 0.0
+    while True:
+        c = int(t / total_ms * grid.width) if total_ms > 0 else 0
+        tick = f"┊{t:.0f}" if t else "0"
+        if c + len(tick) > grid.width:
+            break
+        cells[c:c + len(tick)] = list(tick)
+        t += step_ms
+    text = Text("".join(cells), style="dim")
+    unit = " ms"
+    if grid.width > len(unit):
+        text = text[: grid.width - len(unit)] + Text(unit, style="dim")
+    return text
+
+
+def _nice_step(raw: float) -> float:
+    for base in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000):
+        if base >= raw:
+            return float(base)
+    return raw
+
+
+def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_rank: int | None = None) -> list[Row]:
+    """The rows of the chart, at most ``height`` of them, each ``width - LABEL_WIDTH`` plot cells wide.
+
+    Ranks beyond the rows available are left out in this order of importance: the focused rank, the
+    straggler, the ranks the critical path runs on, then the lowest rank numbers. When every lane
+    of every rank cannot fit, each rank gets one row (its lanes overlaid).
+    """
+    plot_w = max(width - LABEL_WIDTH, 1)
+    ends = [t.end_ns for t in analysis.tasks] + [s.end_ns for s in analysis.critical_path]
+    ends += [c.end_ns for c in analysis.collectives]
+    end_ns = max(ends, default=analysis.origin_ns + 1)
+    grid = _Grid(analysis.origin_ns, end_ns, plot_w)
+    total_ms = (end_ns - analysis.origin_ns) / 1e6
+
+    lanes: dict[int, set[str]] = {}
+    for t in analysis.tasks:
+        lanes.setdefault(t.rank, set()).add(t.lane)
+    straggler = analysis.straggler.rank if analysis.straggler else None
+    on_path = {s.rank for s in analysis.critical_path if s.rank is not None}
+
+    fixed = 3  # axis, collectives, critical path
+    budget = max(height - fixed, 1)
+    ranks = sorted(lanes)
+    split = sum(len(v) for v in lanes.values()) <= budget
+    shown = ranks
+    if not split and len(ranks) > budget:
+        priority = sorted(ranks, key=lambda r: (r != focus_rank, r != straggler, r not in on_path, r))
+        shown = sorted(priority[: max(budget - 1, 1)])
+
+    critical_by_rank: dict[int | None, list[tuple[int, int, str]]] = {}
+    for s in analysis.critical_path:
+        critical_by_rank.setdefault(s.rank, []).append((s.start_ns, s.end_ns, s.category))
+    waits: dict[int, list[tuple[int, int]]] = {}
+    for c in analysis.collectives:
+        for r, ready in c.ready_ns.items():
+            if ready < c.start_ns:
+                waits.setdefault(r, []).append((ready, c.start_ns))
+
+    rows = [Row("", "", _axis(grid, total_ms))]
+    for r in shown:
+        lane_groups = [[lane] for lane in sorted(lanes[r], key=_lane_key)] if split else [sorted(lanes[r], key=_lane_key)]
+        for group in lane_groups:
+            spans = list(_rank_spans(analysis, r, group, critical_by_rank, waits))
+            name = f"r{r} {group[0]}" if split else f"r{r}"
+            style: Style | str = FOCUS_STYLE if r == focus_rank else (STRAGGLER_COLOUR if r == straggler else "")
+            rows.append(Row(name, style, _paint(grid, spans)))
+    if len(shown) < len(ranks):
+        rows.append(Row("", "", Text(f"… {len(ranks) - len(shown)} more ranks (r: focus one)", style="dim")))
+    rows.append(Row("⇄ all", "", _paint(grid, _collective_spans(analysis))))
+    rows.append(Row("critical", "bold", _critical_row(grid, analysis)))
+    return rows[:height] if height > 0 else rows
+
+
+def _rank_spans(
+    analysis: IterationAnalysis,
+    rank: int,
+    lanes: Sequence[str],
+    critical_by_rank: dict[int | None, list[tuple[int, int, str]]],
+    waits: dict[int, list[tuple[int, int]]],
+) -> Iterable[tuple[int, int, str, Style]]:
+    critical = critical_by_rank.get(rank, [])
+    collectives = critical_by_rank.get(None, [])  # a collective on the path runs on every rank
+    for t in analysis.tasks:
+        if t.rank != rank or t.lane not in lanes:
+            continue
+        # A task is on the path where a segment of the same rank and category overlaps it.
+        mine = collectives if t.category == "allreduce" else critical
+        on = [(max(s, t.start_ns), min(e, t.end_ns)) for s, e, c in mine
+              if c == t.category and s < t.end_ns and e > t.start_ns]
+        yield t.start_ns, t.end_ns, OFF_PATH, Style(color=colour(t.category), dim=True)
+        for s, e in on:
+            yield s, e, CRITICAL, Style(color=colour(t.category), bold=True)
+        if t.category == "allreduce":
+            for s, e in waits.get(rank, []):
+                lo, hi = max(s, t.start_ns), min(e, t.end_ns)
+                if hi > lo:
+                    yield lo, hi, WAIT, Style(color=colour("allreduce"), dim=True)
+
+
+def _collective_spans(analysis: IterationAnalysis) -> Iterable[tuple[int, int, str, Style]]:
+    path = {(s.name, s.start_ns) for s in analysis.critical_path if s.rank is None}
+    for c in analysis.collectives:
+        on = any(name == c.name for name, _ in path)
+        yield c.start_ns, c.end_ns, COLLECTIVE, Style(color=colour("allreduce"), bold=on, dim=not on)
+
+
+def _critical_row(grid: _Grid, analysis: IterationAnalysis) -> Text:
+    spans = [(s.start_ns, s.end_ns, CRITICAL, Style(color=colour(s.category))) for s in analysis.critical_path]
+    cells = _paint_cells(grid, spans)
+    # Name the rank at the start of each stretch the path spends on one rank.
+    stretches: list[tuple[int | None, int, int, str]] = []
+    for s in analysis.critical_path:
+        if stretches and stretches[-1][0] == s.rank:
+            r, start, _, category = stretches[-1]
+            stretches[-1] = (r, start, s.end_ns, category)
+        else:
+            stretches.append((s.rank, s.start_ns, s.end_ns, s.category))
+    for rank, start, end, category in stretches:
+        name = "all" if rank is None else f"r{rank}"
+        c = grid.span(start, end).start
+        if c + len(name) <= grid.width and (end - start) * grid.scale >= len(name):
+            painted = cells[c][1]
+            bg = painted.color if isinstance(painted, Style) and painted.color else colour(category)
+            label_style = Style(color="black", bgcolor=bg, bold=True)
+            cells[c:c + len(name)] = [(ch, label_style) for ch in name]
+    return _text(cells)
+
+
+class TimelineChart:
+    """A Rich renderable of :func:`timeline_rows`, as tall as ``height`` and as wide as the console allows."""
+
+    def __init__(self, analysis: IterationAnalysis, height: int, focus_rank: int | None = None) -> None:
+        self.analysis = analysis
+        self.height = height
+        self.focus_rank = focus_rank
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        rows = timeline_rows(self.analysis, width, self.height, self.focus_rank)
+        for row in rows:
+            line = Text()
+            line.append(row.label[: LABEL_WIDTH - 1].ljust(LABEL_WIDTH - 1), style=row.label_style)
+            line.append(" ")
+            line.append_text(row.cells)
+            yield from line.render(console)
+            yield RichSegment.line()

@@ -1,0 +1,1 @@
+"""Modal screens: help, rank picker, what-if details."""

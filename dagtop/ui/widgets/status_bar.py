@@ -1,0 +1,26 @@
+"""The top line: source, ranks, iteration, iterations/s, lag, dropped and rejected events."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from textual.reactive import reactive
+
+from dagtop.ui.renderables.status import status_text
+from dagtop.ui.widgets.panel import Panel
+
+
+class StatusBar(Panel):
+    """One line; lag changes on its own (every frame interval), the rest with the view."""
+
+    lag_s: reactive[float | None] = reactive(None, layout=False)
+    """Seconds from the newest frame's arrival to now; None in replay."""
+
+    def __init__(self, source: str, live: bool, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self.source = source
+        self.live = live
+
+    def render(self) -> RenderableType:
+        analysis = self.view.analysis
+        return status_text(self.view.snapshot, source=self.source, live=self.live, lag_s=self.lag_s,
+                           paused=self.view.paused, shown_iteration=analysis.iteration if analysis else None)

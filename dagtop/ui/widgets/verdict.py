@@ -1,0 +1,24 @@
+"""The verdict: one line naming what holds the iteration back, the critical-path bar and the legend."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from dagtop.ui.palette import legend
+from dagtop.ui.renderables.verdict import critical_path_bar, verdict_text
+from dagtop.ui.view import View
+from dagtop.ui.widgets.panel import Panel
+
+
+class Verdict(Panel):
+    """Three lines: verdict, critical path in proportion, legend with each category's share."""
+
+    def draw(self, view: View) -> RenderableType:
+        a = view.analysis
+        assert a is not None
+        return Group(verdict_text(a), critical_path_bar(a, self.content_size.width), legend(dict(a.shares)))
+
+    def draw_empty(self) -> RenderableType:
+        return Group(Text(self.view.waiting_hint or "waiting for the first iteration…", style="bold"),
+                     Text(""), legend())
