@@ -42,7 +42,8 @@ class Collector:
         sampler: telemetry sampler (None: no telemetry).
         telemetry_every_s: how often to sample telemetry.
         publish_every_s: the fewest seconds between two snapshots (building one costs; the screen needs ~10/s).
-        clock: monotonic ns, the same clock the live source stamps frames with.
+        clock: monotonic ns, the same clock the live source stamps frames with (to give up on late ranks);
+            pacing (publishing, telemetry) always runs on the real monotonic clock.
     """
 
     def __init__(self, source: FrameSource, pipeline: Pipeline | None = None, sampler: Sampler | None = None,
@@ -59,13 +60,13 @@ class Collector:
         self.frames_folded = 0
         self._telemetry: TelemetrySample | None = None
         self._last_telemetry_ns: int | None = None
-        self._last_publish_ns = 0
+        self._last_publish_ns = -self.publish_every_ns
         self._dirty = False
         self._finished = False
 
     def step(self) -> None:
         """One poll and fold; publishes when due. Call repeatedly from one thread."""
-        now = self.clock()
+        now = time.monotonic_ns()
         if self.sampler is not None and (self._last_telemetry_ns is None
                                          or now - self._last_telemetry_ns >= self.telemetry_every_ns):
             self._telemetry = self.sampler()
@@ -84,7 +85,7 @@ class Collector:
                 self._finished = self._dirty = True
             elif self.source.live:
                 self.pipeline.expire(self.clock())
-        now = self.clock()
+        now = time.monotonic_ns()
         if self._dirty and (self._finished or now - self._last_publish_ns >= self.publish_every_ns):
             self.publish()
             self._last_publish_ns = now

@@ -1,0 +1,134 @@
+"""The drawing functions, on a hand-made iteration whose critical path is known: no App needed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.console import Console
+from rich.style import Style
+from test_ui_helpers import snapshot_of, two_rank_iteration
+
+from dagtop.model.snapshot import CATEGORIES, RankRow, Straggler
+from dagtop.model.pipeline import Pipeline
+from dagtop.model.synthetic import SyntheticJob, synthetic_frames
+from dagtop.telemetry import GpuSample, TelemetrySample
+from dagtop.ui.palette import CATEGORY_COLOURS, colour, legend
+from dagtop.ui.renderables.history import history_lines
+from dagtop.ui.renderables.rank_table import rank_table, visible_rows
+from dagtop.ui.renderables.status import status_text
+from dagtop.ui.renderables.telemetry import telemetry_text
+from dagtop.ui.renderables.timeline import LABEL_WIDTH, TimelineChart, timeline_rows
+from dagtop.ui.renderables.verdict import critical_path_bar, verdict_line
+from dagtop.ui.renderables.what_if import what_if_table
+
+
+def plain(renderable: object, width: int = 100) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_palette_covers_every_model_category_with_distinct_colours() -> None:
+    assert set(CATEGORIES) <= set(CATEGORY_COLOURS)
+    assert len(set(CATEGORY_COLOURS.values())) == len(CATEGORY_COLOURS)
+    assert "all-reduce" in legend().plain and "io" in legend().plain
+
+
+def test_verdict_reads_as_the_issue_asks() -> None:
+    a = dataclasses.replace(two_rank_iteration(), bottleneck="allreduce",
+                            shares={"allreduce": 0.46, "compute": 0.54}, exposed_comm_ms=38.2,
+                            straggler=Straggler(3, "io", 21.3))
+    assert verdict_line(a) == "all-reduce on the critical path 46 % · exposed 38 ms · straggler rank 3 (io +21 ms)"
+    assert verdict_line(dataclasses.replace(a, straggler=None)).endswith("no straggler")
+    assert verdict_line(dataclasses.replace(a, complete=False)).startswith("incomplete")
+
+
+def test_critical_path_bar_is_proportional_and_coloured_by_category() -> None:
+    bar = critical_path_bar(two_rank_iteration(), 15)  # io 20, compute 20, all-reduce 20, compute 15 of 75 ms
+    assert len(bar.plain) == 15
+    colours = [bar.get_style_at_offset(Console(), i).color.name for i in range(15)]  # type: ignore[union-attr]
+    assert colours == [colour("io")] * 4 + [colour("compute")] * 4 + [colour("allreduce")] * 4 + [colour("compute")] * 3
+
+
+def _row(rows: list, label: str) -> str:  # type: ignore[type-arg]
+    return next(r.cells.plain for r in rows if r.label == label)
+
+
+def test_timeline_marks_the_critical_path_waits_and_collectives_where_they_happen() -> None:
+    rows = timeline_rows(two_rank_iteration(), LABEL_WIDTH + 75, 20)  # one cell per ms
+    labels = [r.label for r in rows]
+    assert labels == ["", "r0 main", "r0 comm", "r1 main", "r1 comm", "⇄ all", "critical"]
+    r1_main = _row(rows, "r1 main")
+    assert r1_main[:40] == "█" * 40  # io and compute of the straggler are on the path
+    assert r1_main[60:70] == "▒" * 10  # its update is not
+    r0_main = _row(rows, "r0 main")
+    assert r0_main[:30] == "▒" * 30 and r0_main[60:75] == "█" * 15
+    r0_comm = _row(rows, "r0 comm")
+    assert r0_comm[30:40] == "·" * 10  # waiting for rank 1
+    assert r0_comm[40:60] == "█" * 20  # the collective, on the path, on every rank
+    assert _row(rows, "⇄ all")[40:60] == "━" * 20
+    critical = _row(rows, "critical")
+    assert critical.startswith("r1") and critical[40:43] == "all" and critical[60:62] == "r0"
+    style = rows[3].cells.get_style_at_offset(Console(), 0)
+    assert isinstance(style, Style) and style.color is not None and style.color.name == colour("io")
+
+
+def test_timeline_fits_64_ranks_in_a_few_rows_keeping_focus_and_straggler() -> None:
+    frames = synthetic_frames(SyntheticJob(ranks=64, slow_ranks=(37,), slow_factor=6.0), iterations=3)
+    pipeline = Pipeline()
+    pipeline.feed(frames)
+    a = pipeline.snapshot().latest
+    assert a is not None and a.straggler is not None and a.straggler.rank == 37
+    rows = timeline_rows(a, 120, 12, focus_rank=50)
+    assert len(rows) == 12
+    labels = [r.label for r in rows]
+    assert "r37" in labels and "r50" in labels  # one row per rank: lanes overlaid
+    assert any("more ranks" in r.cells.plain for r in rows)
+    text = plain(TimelineChart(a, 12, focus_rank=50), width=120)
+    assert len(text.splitlines()) == 12 and max(len(line) for line in text.splitlines()) <= 120
+
+
+def test_history_stacks_each_bar_by_its_critical_path_in_proportion() -> None:
+    base = two_rank_iteration()
+    half = dataclasses.replace(base, iteration=8, measured_ms=37.5)
+    lines = history_lines([base, half], width=7 + 10, height=9, selected=8)  # 8 rows of plot, 1 axis
+    columns = [line.plain[7:] for line in lines[:-1]]
+    full_bar = [row[-6] for row in columns]  # the first iteration's bar (3 cells wide, right-aligned)
+    half_bar = [row[-1] for row in columns]
+    assert full_bar == ["█"] * 8 and half_bar == [" "] * 4 + ["█"] * 4
+    # Bottom up: io (20/75 of 8 rows ≈ 2.1), compute, all-reduce.
+    bottom = lines[-2]
+    assert bottom.get_style_at_offset(Console(), len(bottom.plain) - 6).color.name == colour("io")  # type: ignore[union-attr]
+    marked = history_lines([base, half], width=7 + 10, height=9, selected=7)[-1].plain
+    assert "▲7" in marked  # the iteration the other panels show, when it is not the newest
+
+
+def test_rank_table_marks_the_straggler_and_puts_the_slowest_first_when_short_of_rows() -> None:
+    text = plain(rank_table(two_rank_iteration(), height=10, width=80))
+    straggler_line = next(line for line in text.splitlines() if line.strip().startswith("1 "))
+    assert "◀" in straggler_line and "-2.5" in straggler_line
+    rows = [RankRow(r, 100.0 + r, 0, 0, 0, 0, 0, float(r), r == 3) for r in range(10)]
+    shown, slowest_first = visible_rows(rows, 4, focus_rank=0)
+    assert slowest_first and [r.rank for r in shown] == [0, 3, 9, 8]
+
+
+def test_what_if_lists_best_change_first() -> None:
+    text = plain(what_if_table(two_rank_iteration(), 80))
+    lines = [line for line in text.splitlines() if "×" in line]
+    assert lines[0].lstrip().startswith("now") and "I/O hidden" in lines[1] and "×1.36" in lines[1]
+
+
+def test_telemetry_says_cleanly_there_is_no_gpu_or_shows_each_gpu() -> None:
+    assert "no NVIDIA GPU" in telemetry_text(TelemetrySample(None, (), "no NVIDIA GPU (NVML library not found)")).plain
+    gpu = GpuSample(0, "H100", 87.0, 30 * 2**30, 80 * 2**30, 1.2e9, 3.4e9, 250.0)
+    text = telemetry_text(TelemetrySample(None, (gpu,), None)).plain
+    assert "util 87 %" in text and "tx 1.2 GB/s" in text and "rx 3.4 GB/s" in text and "250 W" in text
+
+
+def test_status_line_counts_ranks_iterations_and_losses() -> None:
+    snap = dataclasses.replace(snapshot_of(two_rank_iteration(6), two_rank_iteration(7)), dropped=3, rejected=1)
+    text = status_text(snap, source="live tcp://x:1", live=True, lag_s=0.25, paused=True, shown_iteration=6).plain
+    assert "iteration 6 of 7" in text and "lag 0.25 s" in text and "dropped 3" in text and "rejected 1" in text
+    assert "PAUSED" in text
+    replay = status_text(snap, source="replay f", live=False, lag_s=None, paused=False, shown_iteration=7).plain
+    assert "lag" not in replay and "iteration 7" in replay
