@@ -235,3 +235,14 @@ def test_collector_coalesces_a_burst_into_one_latest_snapshot() -> None:
     assert latest is not None and latest.iteration >= 18
     collector.step()  # nothing new: no new update
     assert collector.latest.version == before + 1
+
+
+def test_a_telemetry_sample_alone_does_not_make_a_new_snapshot() -> None:
+    source = FakeLiveSource()
+    samples = iter(range(1000))
+    collector = Collector(source, sampler=lambda: next(samples), telemetry_every_s=0.0)  # type: ignore[arg-type,return-value]
+    source.push(_frames(3))
+    collector.step()
+    snapshot = collector.latest.snapshot
+    collector.step()  # a new telemetry sample, no frames
+    assert collector.latest.telemetry != 0 and collector.latest.snapshot is snapshot  # the screen need not redraw

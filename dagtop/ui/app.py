@@ -90,6 +90,7 @@ class DagtopApp(App[int]):
         self.refreshes = 0
         """Times the panels were given a new view (tests and the benchmark read it)."""
         self.job_exited: str | None = None
+        self.panels: list[Panel] = []
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self.source_label, self.live, id="status")
@@ -109,7 +110,12 @@ class DagtopApp(App[int]):
                   "what-if": "what if… (w)", "telemetry": "telemetry · this host", "timeline": "timeline"}
         for widget_id, title in titles.items():
             self.query_one(f"#{widget_id}").border_title = title
-        self.query_one(Alert).say(None)
+        # Held, not queried per tick: the frame timer may fire once more while the app tears its widgets down.
+        self.status_bar = self.query_one(StatusBar)
+        self.telemetry_panel = self.query_one(Telemetry)
+        self.alert = self.query_one(Alert)
+        self.panels = list(self.query(Panel))
+        self.alert.say(None)
         self._push_view()
         self.collect()
         self.set_interval(self.frame_interval_s, self.tick)
@@ -126,25 +132,25 @@ class DagtopApp(App[int]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.name == "collector" and event.state == WorkerState.ERROR:
-            self.query_one(Alert).say(f"collecting stopped: {event.worker.error}")
+            self.alert.say(f"collecting stopped: {event.worker.error}")
 
     def tick(self) -> None:
         """Once per frame interval: take the collector's latest update if it is new; keep the lag current."""
         update = self.collector.latest
         if update.version != self.shown_version:
             self.shown_version = update.version
-            telemetry = self.query_one(Telemetry)
+            telemetry = self.telemetry_panel
             if update.telemetry is not telemetry.sample:
                 telemetry.sample = update.telemetry
             if not self.paused and update.snapshot is not self.shown:
                 self.shown = update.snapshot
                 self._push_view()
             if update.error:
-                self.query_one(Alert).say(update.error)
+                self.alert.say(update.error)
         if self.live:
             received = update.snapshot.received_ns
             lag = (self.clock() - received) / 1e9 if received else None
-            status = self.query_one(StatusBar)
+            status = self.status_bar
             if lag is None or status.lag_s is None or abs(lag - status.lag_s) >= 0.01:
                 status.lag_s = lag
 
@@ -159,7 +165,7 @@ class DagtopApp(App[int]):
 
     def _push_view(self) -> None:
         view = View(self.shown, self.shown_analysis(), self.focus_rank, self.paused, self.waiting_hint)
-        for panel in self.query(Panel):
+        for panel in self.panels:
             panel.view = view
         self.refreshes += 1
 
@@ -170,7 +176,7 @@ class DagtopApp(App[int]):
         codes = self.job.returncodes
         how = "finished" if all(c == 0 for c in codes) else f"died (exit codes {codes})"
         self.job_exited = f"the demo job {how}" + (f" · log: {self.job_log}" if self.job_log else "")
-        self.query_one(Alert).say(self.job_exited)
+        self.alert.say(self.job_exited)
 
     # ------------------------------------------------------------------ keys
 

@@ -62,6 +62,7 @@ class Collector:
         self._last_telemetry_ns: int | None = None
         self._last_publish_ns = -self.publish_every_ns
         self._dirty = False
+        self._telemetry_new = False
         self._finished = False
 
     def step(self) -> None:
@@ -71,7 +72,7 @@ class Collector:
                                          or now - self._last_telemetry_ns >= self.telemetry_every_ns):
             self._telemetry = self.sampler()
             self._last_telemetry_ns = now
-            self._dirty = True
+            self._telemetry_new = True
         if self._finished:
             time.sleep(POLL_S)
         else:
@@ -84,16 +85,20 @@ class Collector:
                 self.pipeline.finish()
                 self._finished = self._dirty = True
             elif self.source.live:
+                given_up = self.pipeline.incomplete
                 self.pipeline.expire(self.clock())
+                self._dirty |= self.pipeline.incomplete != given_up
         now = time.monotonic_ns()
-        if self._dirty and (self._finished or now - self._last_publish_ns >= self.publish_every_ns):
+        due = self._finished or now - self._last_publish_ns >= self.publish_every_ns
+        if (self._dirty and due) or self._telemetry_new:
             self.publish()
             self._last_publish_ns = now
 
     def publish(self, error: str | None = None) -> None:
-        """Build a snapshot and make it the latest update."""
-        self.latest = Update(self.latest.version + 1, self.pipeline.snapshot(), self._telemetry, error)
-        self._dirty = False
+        """Make the latest update: a new snapshot only if the model changed (the screen redraws on a new one)."""
+        snapshot = self.pipeline.snapshot() if self._dirty or error else self.latest.snapshot
+        self.latest = Update(self.latest.version + 1, snapshot, self._telemetry, error)
+        self._dirty = self._telemetry_new = False
 
     def run(self, cancelled: Callable[[], bool]) -> None:
         """Step until ``cancelled()``; a failing source ends collecting with its error published."""

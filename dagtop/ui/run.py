@@ -54,8 +54,8 @@ def run_replay(args: argparse.Namespace) -> int:
     except (RecordingError, OSError) as exc:
         print(f"dagtop replay: {exc}", file=sys.stderr)
         return 2
-    speed = "as fast as possible" if args.speed <= 0 else f"×{args.speed:g}"
-    return _run(source, source_label=f"replay {path.name} {speed}")
+    speed = "" if args.speed <= 0 else f" ×{args.speed:g}"
+    return _run(source, source_label=f"replay {path.name}{speed}")
 
 
 def run_demo_live(args: argparse.Namespace, job: Any) -> int:

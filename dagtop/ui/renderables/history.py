@@ -11,6 +11,7 @@ from rich.text import Text
 
 from dagtop.model.snapshot import IterationAnalysis
 from dagtop.ui.palette import STACK_ORDER, colour
+from dagtop.ui.renderables.cells import Cell, cells_to_text
 
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
 WARM_UP = 1
@@ -40,7 +41,8 @@ def _column(stack: Sequence[tuple[str, float]], scale: float, rows: int) -> list
             cells.append(("█", category))
         elif top > k:
             eighths = round((top - k) * 8)
-            category = next((c for b, c in reversed(bounds) if b - 1e-9 <= top), bounds[-1][1])
+            mid = (k + top) / 2  # the category that fills most of the partial cell
+            category = next((c for b, c in bounds if b >= mid), bounds[-1][1])
             cells.append((_EIGHTHS[eighths], category) if eighths else (" ", ""))
         else:
             cells.append((" ", ""))
@@ -64,6 +66,7 @@ def history_lines(analyses: Sequence[IterationAnalysis], width: int, height: int
     peak = max(steady, default=0.0)
     scale = rows / peak if peak > 0 else 0.0
     columns = [_column(stack_ms(a), scale, rows) if a.measured_ms > 0 else [(" ", "")] * rows for a in shown]
+    styles = _Styles()
     lines = []
     for k in reversed(range(rows)):
         if k == rows - 1:
@@ -74,14 +77,12 @@ def history_lines(analyses: Sequence[IterationAnalysis], width: int, height: int
             axis = ""
         line = Text(axis.rjust(AXIS_WIDTH - 1)[: AXIS_WIDTH - 1] + "│", style="dim")
         line.append(" " * (plot_w - len(shown) * bar_w))
+        cells: list[Cell] = []
         for a, col in zip(shown, columns):
             glyph, category = col[k]
-            style = Style(color=colour(category)) if category else Style()
-            if a.iteration == selected:
-                style += Style(bold=True)
-            elif selected is not None:
-                style += Style(dim=True)
-            line.append(glyph * bar_w, style=style)
+            style = styles[(category, a.iteration == selected, selected is not None)]
+            cells.extend([(glyph, style)] * bar_w)
+        line.append_text(cells_to_text(cells))
         lines.append(line)
     lines.append(_iteration_axis(shown, plot_w, bar_w, selected))
     return lines[:height]
@@ -100,6 +101,20 @@ def _iteration_axis(shown: Sequence[IterationAnalysis], plot_w: int, bar_w: int,
             at = min(offset + i * bar_w, plot_w - len(mark))
             cells[at:at + len(mark)] = list(mark)
     return Text(" " * AXIS_WIDTH + "".join(cells)[:plot_w], style="dim")
+
+
+class _Styles(dict[tuple[str, bool, bool], Style]):
+    """Bar styles by (category, is the selected iteration, is any selected), built once per chart."""
+
+    def __missing__(self, key: tuple[str, bool, bool]) -> Style:
+        category, chosen, any_selected = key
+        style = Style(color=colour(category)) if category else Style()
+        if chosen:
+            style += Style(bold=True)
+        elif any_selected:
+            style += Style(dim=True)
+        self[key] = style
+        return style
 
 
 class HistoryChart:

@@ -16,8 +16,9 @@ from rich.segment import Segment as RichSegment
 from rich.style import Style
 from rich.text import Text
 
-from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.snapshot import IterationAnalysis, Task
 from dagtop.ui.palette import FOCUS_STYLE, STRAGGLER_COLOUR, colour
+from dagtop.ui.renderables.cells import Cell, cells_to_text
 
 LABEL_WIDTH = 10
 """Cells for the row labels (``r12 comm``) on the left."""
@@ -58,9 +59,6 @@ class _Grid:
         return max(0.0, min(hi, end_ns) - max(lo, start_ns)) or 1e-9
 
 
-Cell = tuple[str, Style | str]
-
-
 _PRIORITY = {OFF_PATH: 0, WAIT: 1, COLLECTIVE: 1, CRITICAL: 2}
 """Where spans share a cell, the more telling glyph wins (the critical path over the rest), then the longer span."""
 
@@ -78,15 +76,8 @@ def _paint_cells(grid: _Grid, spans: Iterable[tuple[int, int, str, Style]]) -> l
     return [(" ", "") if b is None else (b[1], b[2]) for b in best]
 
 
-def _text(cells: Sequence[Cell]) -> Text:
-    text = Text()
-    for glyph, style in cells:
-        text.append(glyph, style=style)
-    return text
-
-
 def _paint(grid: _Grid, spans: Iterable[tuple[int, int, str, Style]]) -> Text:
-    return _text(_paint_cells(grid, spans))
+    return cells_to_text(_paint_cells(grid, spans))
 
 
 def _axis(grid: _Grid, total_ms: float) -> Text:
@@ -130,8 +121,10 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
     total_ms = (end_ns - analysis.origin_ns) / 1e6
 
     lanes: dict[int, set[str]] = {}
+    tasks_of: dict[int, list[Task]] = {}
     for t in analysis.tasks:
         lanes.setdefault(t.rank, set()).add(t.lane)
+        tasks_of.setdefault(t.rank, []).append(t)
     straggler = analysis.straggler.rank if analysis.straggler else None
     on_path = {s.rank for s in analysis.critical_path if s.rank is not None}
 
@@ -157,7 +150,7 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
     for r in shown:
         lane_groups = [[lane] for lane in sorted(lanes[r], key=_lane_key)] if split else [sorted(lanes[r], key=_lane_key)]
         for group in lane_groups:
-            spans = list(_rank_spans(analysis, r, group, critical_by_rank, waits))
+            spans = list(_rank_spans(tasks_of[r], r, group, critical_by_rank, waits))
             name = f"r{r} {group[0]}" if split else f"r{r}"
             style: Style | str = FOCUS_STYLE if r == focus_rank else (STRAGGLER_COLOUR if r == straggler else "")
             rows.append(Row(name, style, _paint(grid, spans)))
@@ -169,7 +162,7 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
 
 
 def _rank_spans(
-    analysis: IterationAnalysis,
+    tasks: Sequence[Task],
     rank: int,
     lanes: Sequence[str],
     critical_by_rank: dict[int | None, list[tuple[int, int, str]]],
@@ -177,8 +170,8 @@ def _rank_spans(
 ) -> Iterable[tuple[int, int, str, Style]]:
     critical = critical_by_rank.get(rank, [])
     collectives = critical_by_rank.get(None, [])  # a collective on the path runs on every rank
-    for t in analysis.tasks:
-        if t.rank != rank or t.lane not in lanes:
+    for t in tasks:
+        if t.lane not in lanes:
             continue
         # A task is on the path where a segment of the same rank and category overlaps it.
         mine = collectives if t.category == "allreduce" else critical
@@ -220,7 +213,7 @@ def _critical_row(grid: _Grid, analysis: IterationAnalysis) -> Text:
             bg = painted.color if isinstance(painted, Style) and painted.color else colour(category)
             label_style = Style(color="black", bgcolor=bg, bold=True)
             cells[c:c + len(name)] = [(ch, label_style) for ch in name]
-    return _text(cells)
+    return cells_to_text(cells)
 
 
 class TimelineChart:
