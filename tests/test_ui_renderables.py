@@ -18,7 +18,7 @@ from dagtop.ui.renderables.rank_table import rank_table, visible_rows
 from dagtop.ui.renderables.status import status_text
 from dagtop.ui.renderables.telemetry import telemetry_text
 from dagtop.ui.renderables.timeline import LABEL_WIDTH, TimelineChart, timeline_rows
-from dagtop.ui.renderables.verdict import critical_path_bar, verdict_line
+from dagtop.ui.renderables.verdict import critical_path_bar, recent_bottleneck, recent_text, verdict_line
 from dagtop.ui.renderables.what_if import what_if_table
 
 
@@ -105,8 +105,9 @@ def test_history_stacks_each_bar_by_its_critical_path_in_proportion() -> None:
 
 def test_rank_table_marks_the_straggler_and_puts_the_slowest_first_when_short_of_rows() -> None:
     text = plain(rank_table(two_rank_iteration(), height=10, width=80))
-    straggler_line = next(line for line in text.splitlines() if line.strip().startswith("1 "))
-    assert "◀" in straggler_line and "-2.5" in straggler_line
+    straggler_line = next(line for line in text.splitlines() if line.strip().startswith("◀ 1 "))
+    assert "-2.5" in straggler_line
+    assert not any("◀" in line for line in text.splitlines() if line.strip().startswith("0 "))
     rows = [RankRow(r, 100.0 + r, 0, 0, 0, 0, 0, float(r), r == 3) for r in range(10)]
     shown, slowest_first = visible_rows(rows, 4, focus_rank=0)
     assert slowest_first and [r.rank for r in shown] == [0, 3, 9, 8]
@@ -132,3 +133,15 @@ def test_status_line_counts_ranks_iterations_and_losses() -> None:
     assert "PAUSED" in text
     replay = status_text(snap, source="replay f", live=False, lag_s=None, paused=False, shown_iteration=7).plain
     assert "lag" not in replay and "iteration 7" in replay
+
+
+def test_recent_bottleneck_weighs_each_iteration_by_its_time_and_skips_warm_up() -> None:
+    base = two_rank_iteration()
+    warm = dataclasses.replace(base, iteration=0, measured_ms=1000.0, shares={"io": 1.0})
+    comm = dataclasses.replace(base, iteration=1, measured_ms=100.0, shares={"allreduce": 0.6, "compute": 0.4})
+    comp = dataclasses.replace(base, iteration=2, measured_ms=50.0, shares={"allreduce": 0.4, "compute": 0.6})
+    # all-reduce: 60 + 20 = 80 ms of 150; compute 70 ms; iteration 0's io is warm-up.
+    category, share, count = recent_bottleneck([warm, comm, comp], upto=2)  # type: ignore[misc]
+    assert (category, count) == ("allreduce", 2) and abs(share - 80 / 150) < 1e-9
+    assert recent_bottleneck([warm, comm, comp], upto=1) is None  # one iteration is no trend
+    assert recent_text(("allreduce", 0.52, 20)).plain == " · last 20: all-reduce 52 %"

@@ -41,14 +41,15 @@ def rank_table(analysis: IterationAnalysis, height: int, width: int, focus_rank:
         heading = short[c] if tight else (label(c) if c != "allreduce" else "all-red")
         table.add_column(Text(heading, style=colour(c)), justify="right", no_wrap=True)
     table.add_column("Δmed" if tight else "Δ median", justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True, min_width=1)
     for r in rows:
         values = {"io": r.io_ms, "pcie": r.pcie_ms, "compute": r.compute_ms, "allreduce": r.allreduce_ms,
                   "other": r.other_ms}
-        mark = Text("◀", style=f"bold {STRAGGLER_COLOUR}") if r.straggler else Text("")
         rank_style = FOCUS_STYLE if r.rank == focus_rank else (f"bold {STRAGGLER_COLOUR}" if r.straggler else "")
-        deviation = Text(f"{r.deviation_ms:+.1f}", style=STRAGGLER_COLOUR if r.straggler else "")
+        deviation = Text(f"{r.deviation_ms:+.1f}", style=f"bold {STRAGGLER_COLOUR}" if r.straggler else "")
+        # The straggler mark rides in the rank cell: a column of its own is the first one Rich squeezes away.
+        rank = Text("◀ " if r.straggler else "", style=f"bold {STRAGGLER_COLOUR}")
+        rank.append(str(r.rank), style=rank_style)
         fmt = "{:.0f}" if tight else "{:.1f}"
-        table.add_row(Text(str(r.rank), style=rank_style), fmt.format(r.iteration_ms),
-                      *(fmt.format(values[c]) for c in columns), deviation, mark)
+        table.add_row(rank, fmt.format(r.iteration_ms),
+                      *(fmt.format(values[c]) for c in columns), deviation)
     return table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 
 from dagtop.model.snapshot import IterationAnalysis
@@ -66,4 +68,39 @@ def critical_path_bar(analysis: IterationAnalysis, width: int) -> Text:
     for (category, _), n in zip(runs, cells):
         if n:
             text.append("█" * n, style=colour(category))
+    return text
+
+
+RECENT = 20
+"""Iterations the steady verdict looks back over: one iteration's verdict flickers where two categories are close."""
+
+
+def recent_bottleneck(analyses: Sequence[IterationAnalysis], upto: int, n: int = RECENT) -> tuple[str, float, int] | None:
+    """The category holding the most critical-path time over the last ``n`` complete iterations up to ``upto``.
+
+    Iteration 0 (warm-up) is left out when there are others. Returns (category, share, iterations) or None.
+    """
+    chosen = [a for a in analyses if a.iteration <= upto and a.complete and a.measured_ms > 0]
+    chosen = ([a for a in chosen if a.iteration >= 1] or chosen)[-n:]
+    if len(chosen) < 2:
+        return None
+    totals: dict[str, float] = {}
+    for a in chosen:
+        for category, share in a.shares.items():
+            totals[category] = totals.get(category, 0.0) + share * a.measured_ms
+    whole = sum(totals.values())
+    if whole <= 0:
+        return None
+    category = max(totals, key=lambda c: totals[c])
+    return category, totals[category] / whole, len(chosen)
+
+
+def recent_text(recent: tuple[str, float, int] | None) -> Text:
+    """`` · last 20: all-reduce 52 %`` (empty without enough iterations)."""
+    if recent is None:
+        return Text("")
+    category, share, count = recent
+    text = Text(f" · last {count}: ", style="dim")
+    text.append(label(category), style=colour(category))
+    text.append(f" {share * 100:.0f} %", style="dim")
     return text

@@ -6,18 +6,20 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from dagtop.ui.palette import legend
-from dagtop.ui.renderables.verdict import critical_path_bar, verdict_text
+from dagtop.ui.renderables.verdict import critical_path_bar, recent_bottleneck, recent_text, verdict_text
 from dagtop.ui.view import View
 from dagtop.ui.widgets.panel import Panel
 
 
 class Verdict(Panel):
-    """Three lines: verdict, critical path in proportion, legend with each category's share."""
+    """Three lines: verdict (and the steady one over recent iterations), critical path in proportion, legend."""
 
     def draw(self, view: View) -> RenderableType:
         a = view.analysis
         assert a is not None
-        return Group(verdict_text(a), critical_path_bar(a, self.content_size.width), legend(dict(a.shares)))
+        line = verdict_text(a)
+        line.append_text(recent_text(recent_bottleneck(view.snapshot.iterations, a.iteration)))
+        return Group(line, critical_path_bar(a, self.content_size.width), legend(dict(a.shares)))
 
     def draw_empty(self) -> RenderableType:
         return Group(Text(self.view.waiting_hint or "waiting for the first iteration…", style="bold"),
