@@ -82,3 +82,12 @@ def test_gpu_fields_are_converted_and_unsupported_ones_left_empty() -> None:
     assert gpu.mem_used_bytes == 2**30
     sampler.close()
     assert nvml.shut
+
+
+def test_telemetry_module_does_not_pull_in_textual() -> None:
+    import subprocess
+    import sys
+
+    code = "import dagtop.telemetry, sys; print('textual' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
