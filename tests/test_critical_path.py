@@ -121,8 +121,19 @@ def test_straggler_rank_gates_the_allreduce_and_the_path_jumps_to_it() -> None:
     assert (a.straggler.rank, a.straggler.category) == (1, "io")
     assert a.straggler.excess_ms == pytest.approx(10.0)
     assert [r.straggler for r in a.per_rank] == [False, True]
+    # Both ranks take the same wall time; the straggler shows in its work: 24.5 ms busy against 14.5 ms.
+    assert [r.iteration_ms for r in a.per_rank] == pytest.approx([a.measured_ms] * 2)
+    assert [r.deviation_ms for r in a.per_rank] == pytest.approx([-5.0, 5.0])
+    assert [r.allreduce_ms for r in a.per_rank] == pytest.approx([14.0, 4.0])
     w = {x.change: x.iteration_ms for x in a.what_if}
     assert w["straggler at median"] == pytest.approx(a.measured_ms - 10.0)
+
+
+def test_a_ranks_all_reduce_time_counts_concurrent_buckets_once() -> None:
+    events = serial_rank(comm=10.0)  # bucket 0 in flight over [14.5, 24.5] ms
+    events.append(ev("allreduce", "allreduce", "bucket 1", "comm", 20.5, 27.5, 1000))
+    a = analyse(1, {0: events}, {}, {0: 0})
+    assert a.per_rank[0].allreduce_ms == pytest.approx(13.0)  # [14.5, 27.5], not 10 + 7
 
 
 def test_no_straggler_below_the_threshold() -> None:

@@ -149,15 +149,33 @@ def _rows(dag: IterationDag, busy: dict[int, F64], straggler: Straggler | None) 
     for lane in dag.lanes:
         last[lane.rank] = max(last[lane.rank], int(lane.end[-1]))
     it_ms = {r: (last[r] - dag.origin[r]) / 1e6 for r in dag.ranks}
-    med = statistics.median(it_ms.values()) if it_ms else 0.0
+    work = {r: float(busy[r][_WORK].sum()) / 1e6 for r in dag.ranks}
+    med = statistics.median(work.values()) if work else 0.0
     rows = []
     for r in dag.ranks:
         b = busy[r] / 1e6
-        comm_ms = sum(e.end_ns - e.start_ns for e in dag.comm.get(r, ())) / 1e6
+        comm_ms = _covered_ns([(e.start_ns, e.end_ns) for e in dag.comm.get(r, ())]) / 1e6
         rows.append(RankRow(r, it_ms[r], float(b[CATEGORY_INDEX["io"]]), float(b[CATEGORY_INDEX["pcie"]]),
-                            float(b[CATEGORY_INDEX["compute"]]), comm_ms, float(b[OTHER]), it_ms[r] - med,
+                            float(b[CATEGORY_INDEX["compute"]]), comm_ms, float(b[OTHER]), work[r] - med,
                             straggler is not None and straggler.rank == r))
     return tuple(rows)
+
+
+_WORK = [CATEGORY_INDEX[c] for c in ("io", "pcie", "compute")]
+"""The categories a rank spends working, as opposed to waiting ('other' holds its waits for the collectives)."""
+
+
+def _covered_ns(spans: Sequence[tuple[int, int]]) -> int:
+    """Length of the union of ``spans``: buckets in flight together (gloo runs them concurrently) count once."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start >= reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
 
 
 def _tasks(dag: IterationDag) -> tuple[Task, ...]:

@@ -96,9 +96,11 @@ class RankRow:
     pcie_ms: float
     compute_ms: float
     allreduce_ms: float
+    """Wall time with at least one of the rank's buckets in flight (ready to done, waiting included)."""
     other_ms: float
     deviation_ms: float
-    """iteration_ms minus the median rank's."""
+    """Busy time (io + pcie + compute) minus the median rank's. In synchronous SGD every rank's iteration takes
+    the same wall time, the early ones waiting in a collective: the difference shows in the work done."""
     straggler: bool
 
 

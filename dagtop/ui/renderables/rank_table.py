@@ -12,6 +12,12 @@ from dagtop.model.snapshot import IterationAnalysis, RankRow
 from dagtop.ui.palette import FOCUS_STYLE, STRAGGLER_COLOUR, colour, label
 
 
+def signed_ms(value: float, digits: int = 1) -> str:
+    """``+12.3`` / ``-4.5``; a value that rounds to zero is ``0.0``, never ``-0.0``."""
+    text = f"{value:+.{digits}f}"
+    return text[1:] if float(text) == 0 else text
+
+
 def visible_rows(rows: Sequence[RankRow], limit: int, focus_rank: int | None = None) -> tuple[list[RankRow], bool]:
     """The rows to draw in ``limit`` lines: all of them by rank when they fit, else the slowest first.
 
@@ -40,12 +46,14 @@ def rank_table(analysis: IterationAnalysis, height: int, width: int, focus_rank:
     for c in columns:
         heading = short[c] if tight else (label(c) if c != "allreduce" else "all-red")
         table.add_column(Text(heading, style=colour(c)), justify="right", no_wrap=True)
-    table.add_column("Δmed" if tight else "Δ median", justify="right", no_wrap=True)
+    # Every rank of a synchronous job takes the same wall time per iteration: the spread is in the work done.
+    table.add_column("Δbusy" if tight else "Δ busy", justify="right", no_wrap=True)
     for r in rows:
         values = {"io": r.io_ms, "pcie": r.pcie_ms, "compute": r.compute_ms, "allreduce": r.allreduce_ms,
                   "other": r.other_ms}
         rank_style = FOCUS_STYLE if r.rank == focus_rank else (f"bold {STRAGGLER_COLOUR}" if r.straggler else "")
-        deviation = Text(f"{r.deviation_ms:+.1f}", style=f"bold {STRAGGLER_COLOUR}" if r.straggler else "")
+        deviation = Text(signed_ms(r.deviation_ms, 0 if tight else 1),
+                         style=f"bold {STRAGGLER_COLOUR}" if r.straggler else "")
         # The straggler mark rides in the rank cell: a column of its own is the first one Rich squeezes away.
         rank = Text("◀ " if r.straggler else "", style=f"bold {STRAGGLER_COLOUR}")
         rank.append(str(r.rank), style=rank_style)

@@ -15,13 +15,14 @@ from textual.widgets.option_list import Option
 
 from dagtop.model.snapshot import RankRow
 from dagtop.ui.palette import STRAGGLER_COLOUR
+from dagtop.ui.renderables.rank_table import signed_ms
 
 NO_FOCUS = "none"
 """Option id meaning: focus no rank."""
 
 
 def rank_option(row: RankRow) -> Text:
-    text = Text(f"rank {row.rank:<4} {row.iteration_ms:8.1f} ms  {row.deviation_ms:+7.1f} ms vs median")
+    text = Text(f"rank {row.rank:<4} {row.iteration_ms:8.1f} ms  busy {signed_ms(row.deviation_ms):>7} ms vs median")
     if row.straggler:
         text.append("  ◀ straggler", style=f"bold {STRAGGLER_COLOUR}")
     return text
