@@ -22,8 +22,11 @@ a rank has tried to send, so the monitor can count what the network lost.
 
 from __future__ import annotations
 
+import operator
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple, Union
+from typing import Any, Final, NamedTuple, Union, overload
 
 import msgpack
 
@@ -68,6 +71,77 @@ class Event(NamedTuple):
         return self.end_ns - self.start_ns
 
 
+_CATEGORY_CODE: Final = {c: i for i, c in enumerate(CATEGORIES)}
+_PHASE_CODE: Final = {p: i for i, p in enumerate(PHASES)}
+_LANE_CODE: Final = {lane: i for i, lane in enumerate(LANES)}
+
+
+class EventColumns(Sequence[Event]):
+    """A frame's events stored field by field: what the decoder validates and the monitor's model reads.
+
+    ``category``, ``phase`` and ``lane`` hold codes (indices into CATEGORIES, PHASES, LANES) as signed bytes;
+    ``start_ns``, ``end_ns`` and ``bytes`` are int64 arrays. Both are ``array.array`` buffers, which numpy
+    maps without a copy, so a monitor never walks the events one by one. As a sequence it yields
+    :class:`Event` tuples, built on demand.
+    """
+
+    __slots__ = ("category", "phase", "name", "lane", "start_ns", "end_ns", "bytes")
+
+    def __init__(self, category: array[int], phase: array[int], name: tuple[str, ...], lane: array[int],
+                 start_ns: array[int], end_ns: array[int], nbytes: array[int]) -> None:
+        self.category, self.phase, self.name, self.lane = category, phase, name, lane
+        self.start_ns, self.end_ns, self.bytes = start_ns, end_ns, nbytes
+
+    @classmethod
+    def of(cls, events: Iterable[Sequence[Any]]) -> EventColumns:
+        """The columns of ``events`` (Event or plain 7-tuples, trusted); ``events`` itself if it is columns.
+
+        Raises:
+            KeyError: an unknown category, phase or lane.
+        """
+        if isinstance(events, EventColumns):
+            return events
+        rows = list(events)
+        if not rows:
+            return cls(array("b"), array("b"), (), array("b"), array("q"), array("q"), array("q"))
+        category, phase, name, lane, start, end, size = zip(*rows)
+        return cls(array("b", map(_CATEGORY_CODE.__getitem__, category)), array("b", map(_PHASE_CODE.__getitem__, phase)),
+                   name, array("b", map(_LANE_CODE.__getitem__, lane)), array("q", start), array("q", end),
+                   array("q", size))
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        return Event(CATEGORIES[self.category[index]], PHASES[self.phase[index]], self.name[index],
+                     LANES[self.lane[index]], self.start_ns[index], self.end_ns[index], self.bytes[index])
+
+    def __iter__(self) -> Iterator[Event]:
+        return map(Event, map(CATEGORIES.__getitem__, self.category), map(PHASES.__getitem__, self.phase),
+                   self.name, map(LANES.__getitem__, self.lane), self.start_ns, self.end_ns, self.bytes)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EventColumns):
+            return all(getattr(self, f) == getattr(other, f) for f in self.__slots__)
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))  # equal to a tuple of the same events, so hashed like one
+
+    def __repr__(self) -> str:
+        return f"EventColumns({list(self)!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class Hello:
     """A rank introduces itself once, when it attaches (and again if it reconnects)."""
@@ -94,7 +168,8 @@ class IterationBatch:
     seq: int
     rank: int
     iteration: int
-    events: tuple[Event, ...]
+    events: Sequence[Event]
+    """Decoded frames carry :class:`EventColumns`; any sequence of events encodes."""
     dropped: int
 
 
@@ -159,7 +234,7 @@ def encode_hello(h: Hello) -> bytes:
 
 
 def encode_iteration(
-    seq: int, rank: int, iteration: int, events: list[Event] | list[tuple[Any, ...]], dropped: int
+    seq: int, rank: int, iteration: int, events: Sequence[Event] | list[tuple[Any, ...]], dropped: int
 ) -> bytes:
     """Encode one rank's iteration; ``events`` may be plain 7-tuples (the shim's hot path)."""
     return _pack(
@@ -239,6 +314,41 @@ def _event(raw: Any, index: int) -> Event:
     return Event(category, phase, name, lane, start, end, size)
 
 
+class _Misfit(Exception):
+    """The fast column checks found something wrong; the event-by-event check says what."""
+
+
+_EVENT_ROW_TYPES: Final = frozenset((list, tuple))
+
+
+def _events(raw: list[Any]) -> EventColumns:
+    """Validate and transpose a frame's events, a whole field at a time (C loops, no Python per event).
+
+    Anything the column checks refuse goes through :func:`_event` one event at a time, which raises the
+    precise reason: that function is the schema; this one only has to agree with it on valid input.
+    """
+    if not raw:
+        return EventColumns.of(())
+    try:
+        if not set(map(type, raw)) <= _EVENT_ROW_TYPES or set(map(len, raw)) != {7}:
+            raise _Misfit
+        category, phase, name, lane, start, end, size = zip(*raw)
+        columns = EventColumns(
+            array("b", map(_CATEGORY_CODE.__getitem__, category)), array("b", map(_PHASE_CODE.__getitem__, phase)),
+            name, array("b", map(_LANE_CODE.__getitem__, lane)), array("q", start), array("q", end), array("q", size))
+        if set(map(type, name)) != {str} or max(map(len, name)) > MAX_NAME_CHARS:
+            raise _Misfit
+        if set(map(type, start)) | set(map(type, end)) | set(map(type, size)) != {int}:  # no bool, no float
+            raise _Misfit
+        if min(columns.start_ns) < 0 or min(columns.bytes) < 0 or any(map(operator.gt, start, end)):
+            raise _Misfit
+    except (_Misfit, KeyError, TypeError, OverflowError):
+        for i, e in enumerate(raw):
+            _event(e, i)
+        raise WireError("events do not fit the schema") from None
+    return columns
+
+
 def decode(payload: bytes) -> Frame:
     """Decode and validate one frame.
 
@@ -263,8 +373,7 @@ def decode(payload: bytes) -> Frame:
         raw_events = m.get("ev")
         if not isinstance(raw_events, list) or len(raw_events) > MAX_EVENTS_PER_FRAME:
             raise WireError("field 'ev' must be a list of events")
-        events = tuple(_event(e, i) for i, e in enumerate(raw_events))
-        return IterationBatch(seq, rank, _int(m, "it"), events, _int(m, "dropped"))
+        return IterationBatch(seq, rank, _int(m, "it"), _events(raw_events), _int(m, "dropped"))
     if kind == "hello":
         world = _int(m, "world", 1, 1 << 20)
         if rank >= world:

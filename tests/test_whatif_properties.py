@@ -18,8 +18,12 @@ US = 1_000
 @st.composite
 def schedules(draw: st.DrawFn) -> dict[int, list[Event]]:
     """A consistent multi-rank iteration: per rank a serial main lane with gaps, buckets ready inside the
-    backward, collectives that start at the latest ready and run one at a time, updates after the last one."""
+    backward, collectives that start at the latest ready and run one at a time, updates after the last one.
+    Sometimes laid out like a GPU job (copy on the copy stream, compute on the GPU stream, loading on the
+    training thread), sometimes with each rank's events arriving out of order."""
     ranks = draw(st.integers(1, 4))
+    gpu = draw(st.booleans())
+    copy_lane, compute_lane = ("copy", "gpu") if gpu else ("main", "main")
     blocks = draw(st.integers(1, 6))
     buckets = draw(st.integers(1, 3))
     dur = st.integers(1, 5_000)
@@ -30,18 +34,18 @@ def schedules(draw: st.DrawFn) -> dict[int, list[Event]]:
     for r in range(ranks):
         t = draw(gap)
         evs = []
-        for cat, phase, name in (("io", "load", "next"), ("pcie", "h2d", "to_device")):
+        for cat, phase, name, lane in (("io", "load", "next", "main"), ("pcie", "h2d", "to_device", copy_lane)):
             d = draw(dur)
-            evs.append(Event(cat, phase, name, "main", t * US, (t + d) * US, 0))
+            evs.append(Event(cat, phase, name, lane, t * US, (t + d) * US, 0))
             t += d + draw(gap)
         for b in range(blocks):
             d = draw(dur)
-            evs.append(Event("compute", "forward", f"b{b}", "main", t * US, (t + d) * US, 0))
+            evs.append(Event("compute", "forward", f"b{b}", compute_lane, t * US, (t + d) * US, 0))
             t += d + draw(gap)
         marks = []
         for b in reversed(range(blocks)):
             d = draw(dur)
-            evs.append(Event("compute", "backward", f"b{b}", "main", t * US, (t + d) * US, 0))
+            evs.append(Event("compute", "backward", f"b{b}", compute_lane, t * US, (t + d) * US, 0))
             marks.append(t + draw(st.integers(0, d)))  # somewhere inside this block
             t += d + draw(gap)
         marks.sort()
@@ -59,7 +63,11 @@ def schedules(draw: st.DrawFn) -> dict[int, list[Event]]:
     for r in range(ranks):
         t = max(bwd_end[r], channel) + draw(gap)
         d = draw(dur)
-        events[r].append(Event("compute", "update", "optimizer.step", "main", t * US, (t + d) * US, 0))
+        events[r].append(Event("compute", "update", "optimizer.step", compute_lane, t * US, (t + d) * US, 0))
+    if draw(st.booleans()):
+        rng = draw(st.randoms(use_true_random=False))
+        for evs in events.values():
+            rng.shuffle(evs)
     return events
 
 
@@ -73,8 +81,9 @@ def test_path_bounds_shares_and_identity(events: dict[int, list[Event]]) -> None
     assert path_ns == pytest.approx(a.predicted_ms * 1e6, abs=len(a.critical_path) + 2)
     assert a.predicted_ms == pytest.approx(a.measured_ms, abs=1e-6)
     for r, evs in events.items():
-        lane_busy = sum(e.end_ns - e.start_ns for e in evs if e.lane == "main")
-        assert path_ns >= lane_busy - len(a.critical_path) - 2
+        for lane in {e.lane for e in evs} - {"comm"}:
+            lane_busy = sum(e.end_ns - e.start_ns for e in evs if e.lane == lane)
+            assert path_ns >= lane_busy - len(a.critical_path) - 2
     everything = sum(e.end_ns - e.start_ns for evs in events.values() for e in evs)
     gaps = sum(s.end_ns - s.start_ns for s in a.critical_path if s.phase == "gap")
     assert path_ns - gaps <= everything

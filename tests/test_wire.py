@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -127,3 +129,76 @@ def test_structured_garbage_is_refused_not_crashed(m: dict[str, object]) -> None
         wire.decode(msgpack.packb(m, use_bin_type=True))
     except wire.WireError:
         pass
+
+
+def test_decoded_events_are_columns_that_read_as_events() -> None:
+    decoded = wire.decode(wire.encode(wire.IterationBatch(7, 1, 41, EVENTS, 2)))
+    assert isinstance(decoded, wire.IterationBatch)
+    columns = decoded.events
+    assert isinstance(columns, wire.EventColumns)
+    assert len(columns) == 3 and columns[1] == EVENTS[1] and columns[-1] == EVENTS[-1]
+    assert columns[1:] == EVENTS[1:] and list(columns) == list(EVENTS)
+    assert columns == EVENTS and hash(columns) == hash(EVENTS)
+    assert list(columns.start_ns) == [10, 30, 40] and columns.name == ("next", "bucket 0", "layer1")
+    assert wire.EventColumns.of(EVENTS) == columns and wire.EventColumns.of(columns) is columns
+
+
+_valid_row = st.tuples(
+    st.sampled_from(wire.CATEGORIES), st.sampled_from(wire.PHASES), st.text(max_size=5), st.sampled_from(wire.LANES),
+    st.integers(0, 100), st.integers(100, 200), st.integers(0, 10)).map(list)
+_odd_value = st.one_of(st.sampled_from(["io", "load", "main", "comm", "x" * 257, "", "disk"]), st.booleans(),
+                       st.none(), st.floats(allow_nan=False), st.lists(st.integers(-5, 5), max_size=1),
+                       st.sampled_from([-1, 0, 99, 2**63 - 1, 2**63, 2**64 - 1]))
+
+
+@st.composite
+def _event_rows(draw: st.DrawFn) -> list[list[object]]:
+    """Valid events, one of them perhaps spoiled in one field (or made the wrong length)."""
+    rows = draw(st.lists(_valid_row, min_size=1, max_size=5))
+    row = rows[draw(st.integers(0, len(rows) - 1))]
+    spoil = draw(st.sampled_from(["none", "field", "short", "long"]))
+    if spoil == "field":
+        row[draw(st.integers(0, 6))] = draw(_odd_value)
+    elif spoil == "short":
+        row.pop()
+    elif spoil == "long":
+        row.append(0)
+    return rows
+
+
+@settings(max_examples=400, deadline=None)
+@given(_event_rows())
+def test_the_column_checks_accept_exactly_what_the_event_schema_accepts(rows: list[list[object]]) -> None:
+    """The decoder validates a frame's events a column at a time; the per-event check is the schema."""
+    try:
+        expected = tuple(wire._event(row, i) for i, row in enumerate(rows))
+    except wire.WireError as exc:
+        with pytest.raises(wire.WireError, match=re.escape(str(exc))):
+            wire.decode(_frame(ev=rows))
+    else:
+        decoded = wire.decode(_frame(ev=rows))
+        assert isinstance(decoded, wire.IterationBatch) and decoded.events == expected
+
+
+_SPOILERS = {
+    0: ["disk", 7, None, ["io"]],
+    1: ["nap", 7, None],
+    2: [7, None, "x" * (wire.MAX_NAME_CHARS + 1), ["n"]],
+    3: ["tpu", 0, None],
+    4: [-1, 2**63, 2**64 - 1, True, 1.5, "1", None, 300],  # 300: after the end
+    5: [-1, 2**63, True, 1.5, "1", 50],  # 50: before the start
+    6: [-1, 2**63, 2**64 - 1, False, 0.5, "0"],
+}
+
+
+@pytest.mark.parametrize(("field", "value"), [(f, v) for f, values in _SPOILERS.items() for v in values])
+def test_every_spoiled_field_is_refused_as_the_event_schema_says(field: int, value: object) -> None:
+    good = ["compute", "forward", "block1", "main", 100, 200, 0]
+    spoiled = list(good)
+    spoiled[field] = value
+    with pytest.raises(wire.WireError) as schema:
+        wire._event(spoiled, 1)
+    with pytest.raises(wire.WireError, match=re.escape(str(schema.value))):
+        wire.decode(_frame(ev=[good, spoiled, good]))
+    edge = ["compute", "forward", "x" * wire.MAX_NAME_CHARS, "comm", 0, 2**63 - 1, 2**63 - 1]
+    assert wire.decode(_frame(ev=[good, edge])).events[1] == wire.Event(*edge)  # type: ignore[union-attr]

@@ -13,12 +13,14 @@ from dagtop.model.dag import (
     CATEGORY_INDEX,
     COLLECTIVE,
     F64,
+    I64,
     RUN,
     IterationDag,
     assemble,
 )
 from dagtop.model.replay import critical_nodes, critical_segments, durations, replay, shares
-from dagtop.model.snapshot import Collective, IterationAnalysis, RankRow, Segment, Straggler, Task
+from dagtop.model.snapshot import Collective, IterationAnalysis, RankRow, Segment, Straggler
+from dagtop.model.table import run_starts
 from dagtop.model.whatif import PERFECT_OVERLAP, AlphaBeta, run_scenarios, scenarios, what_ifs
 from instrument.wire import Event
 
@@ -76,7 +78,7 @@ def analyse_dag(
         origin_ns=origin,
         measured_ms=measured_ms,
         predicted_ms=predicted[0],
-        tasks=_tasks(dag) if with_tasks else (),
+        tasks=dag.table.tasks() if with_tasks else (),
         collectives=tuple(
             Collective(c.name, c.bytes, dict(c.ready), c.start_ns, c.end_ns, max(c.ready, key=c.ready.__getitem__))
             for c in dag.collectives
@@ -126,7 +128,7 @@ def _straggler(dag: IterationDag, end: F64, measured_ms: float) -> Straggler | N
         late_ms = (c.ready[g] - statistics.median(others)) / 1e6
         if late_ms <= max(STRAGGLER_MIN_MS, STRAGGLER_FRACTION * measured_ms):
             return None
-        before = {r: _before(dag, r, t) for r, t in c.ready.items()}
+        before = _before(dag, c.ready)
         excess = before[g] - np.median(np.stack([x for r, x in before.items() if r != g]), axis=0)
         excess[ALLREDUCE] = -np.inf  # waiting for a collective is not where time is lost
         k = int(np.argmax(excess))
@@ -134,29 +136,38 @@ def _straggler(dag: IterationDag, end: F64, measured_ms: float) -> Straggler | N
     return None
 
 
-def _before(dag: IterationDag, rank: int, t: int) -> F64:
-    """ns per category on ``rank`` from its origin up to ``t`` (its bucket-ready point), gaps as 'other'."""
-    total = np.zeros(len(CATEGORIES))
-    for lane in dag.lanes:
-        if lane.rank == rank:
-            total += lane.busy(np.array([t, int(lane.start[0])], dtype=np.int64))[0]
-    total[OTHER] += max(t - dag.origin[rank] - total.sum(), 0.0)
-    return total
+def _before(dag: IterationDag, times: Mapping[int, int]) -> dict[int, F64]:
+    """Rank → ns per category from its origin up to ``times[rank]`` (its bucket-ready point), gaps as 'other'."""
+    t = dag.table
+    index = {r: i for i, r in enumerate(dag.ranks)}
+    rows = np.array([index[r] for r in times], dtype=np.int64)
+    at = np.array(list(times.values()), dtype=np.int64)
+    lo, hi = t.rank_lane_lo[rows], t.rank_lane_hi[rows]
+    query = np.repeat(np.arange(len(rows)), hi - lo)
+    lanes = np.arange(len(query)) - np.repeat(np.cumsum(hi - lo) - (hi - lo), hi - lo) + np.repeat(lo, hi - lo)
+    total = np.zeros((len(rows), len(CATEGORIES)))
+    np.add.at(total, query, t.busy(lanes, at[query]))
+    origin = np.array([dag.origin[r] for r in times], dtype=np.float64)
+    total[:, OTHER] += np.maximum(at - origin - total.sum(axis=1), 0.0)
+    return dict(zip(times, total))
 
 
 def _rows(dag: IterationDag, busy: dict[int, F64], straggler: Straggler | None) -> tuple[RankRow, ...]:
-    last = {r: dag.origin[r] for r in dag.ranks}
-    for lane in dag.lanes:
-        last[lane.rank] = max(last[lane.rank], int(lane.end[-1]))
-    it_ms = {r: (last[r] - dag.origin[r]) / 1e6 for r in dag.ranks}
+    t = dag.table
+    origin = np.array([dag.origin[r] for r in dag.ranks], dtype=np.int64)
+    last = origin.copy()
+    if t.lanes:
+        np.maximum.at(last, t.lane_rank, t.end[t.lane_hi - 1])
+    it_ms = dict(zip(dag.ranks, ((last - origin) / 1e6).tolist()))
     work = {r: float(busy[r][_WORK].sum()) / 1e6 for r in dag.ranks}
     med = statistics.median(work.values()) if work else 0.0
+    covered = _covered_ns(t.comm_rank_idx, t.comm_start, t.comm_end, len(dag.ranks)) / 1e6
+    comm = dict(zip(dag.ranks, covered.tolist()))
     rows = []
     for r in dag.ranks:
         b = busy[r] / 1e6
-        comm_ms = _covered_ns([(e.start_ns, e.end_ns) for e in dag.comm.get(r, ())]) / 1e6
         rows.append(RankRow(r, it_ms[r], float(b[CATEGORY_INDEX["io"]]), float(b[CATEGORY_INDEX["pcie"]]),
-                            float(b[CATEGORY_INDEX["compute"]]), comm_ms, float(b[OTHER]), work[r] - med,
+                            float(b[CATEGORY_INDEX["compute"]]), comm[r], float(b[OTHER]), work[r] - med,
                             straggler is not None and straggler.rank == r))
     return tuple(rows)
 
@@ -165,26 +176,19 @@ _WORK = [CATEGORY_INDEX[c] for c in ("io", "pcie", "compute")]
 """The categories a rank spends working, as opposed to waiting ('other' holds its waits for the collectives)."""
 
 
-def _covered_ns(spans: Sequence[tuple[int, int]]) -> int:
-    """Length of the union of ``spans``: buckets in flight together (gloo runs them concurrently) count once."""
-    total, reach = 0, None
-    for start, end in sorted(spans):
-        if reach is None or start >= reach:
-            total += end - start
-            reach = end
-        elif end > reach:
-            total += end - reach
-            reach = end
-    return total
-
-
-def _tasks(dag: IterationDag) -> tuple[Task, ...]:
-    out: list[Task] = []
-    for r, evs in [(lane.rank, lane.events) for lane in dag.lanes] + list(dag.comm.items()):
-        off = dag.offsets.get(r, 0)
-        out.extend(Task(r, e.lane, e.category, e.phase, e.name, e.start_ns + off, e.end_ns + off, e.bytes)
-                   for e in evs)
-    return tuple(out)
+def _covered_ns(rank: I64, start: I64, end: I64, ranks: int) -> F64:
+    """Per rank index, the length of the union of its [start, end) spans (given sorted by rank, then start):
+    buckets in flight together (gloo runs them concurrently) count once."""
+    out = np.zeros(ranks)
+    if not len(rank):
+        return out
+    t0 = int(start.min())
+    span = int(max(end.max(), start.max())) - t0 + 1
+    # The furthest end so far within each rank: the rank term keeps one rank's reach out of the next's.
+    reach = np.maximum.accumulate(rank * span + (end - t0)) - rank * span + t0
+    prev = np.where(run_starts(rank), start, np.concatenate((start[:1], reach[:-1])))
+    np.add.at(out, rank, np.maximum(end - np.maximum(start, prev), 0))
+    return out
 
 
 def model_error(a: IterationAnalysis) -> float:

@@ -6,7 +6,9 @@ import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from instrument.wire import Event, Hello
+from instrument.wire import LANES, Event, EventColumns, Hello
+
+_COMM = LANES.index("comm")
 
 HISTORY = 32
 """Per-iteration estimates kept per host; the offset is their median (robust to one odd iteration)."""
@@ -63,9 +65,10 @@ class ClockAligner:
         for r, evs in events.items():
             host = self.host.get(r, ref)
             per = ends.setdefault(host, {})
-            for e in evs:
-                if e.lane == "comm":
-                    per.setdefault(e.name, []).append(e.end_ns)
+            columns = EventColumns.of(evs)
+            for lane, name, end in zip(columns.lane, columns.name, columns.end_ns):
+                if lane == _COMM:
+                    per.setdefault(name, []).append(end)
         ref_ends = ends.get(ref)
         if not ref_ends:
             return

@@ -4,7 +4,9 @@ A node per task would cost ~1 µs per task in networkx; instead each lane of eac
 something crosses it (a bucket becoming ready, the update waiting for the collectives, a copy feeding the
 compute lane) and every stretch between two cuts becomes one node carrying its busy time per category
 and its untimed host gaps. The graph then has O(ranks × buckets) nodes, held in flat numpy arrays; the
-per-task detail stays in the :class:`LaneTrace` and is expanded only where the critical path needs it.
+per-task detail stays in the :class:`~dagtop.model.table.EventTable` and is expanded only where the
+critical path needs it. Assembly works on whole columns: Python loops run per rank with several lanes
+(GPU jobs) and per collective, never per task.
 
 Edges are precedence with a fixed latency: a node starts at ``max(pred end + latency) + gap`` where
 ``gap`` is the untimed host time observed in front of it. Collectives are single nodes fed by every
@@ -14,8 +16,7 @@ comm channel unless the observation shows them running concurrently.
 
 from __future__ import annotations
 
-import bisect
-import operator
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -23,54 +24,29 @@ import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
+from dagtop.model.table import (
+    CATEGORIES,
+    CATEGORY_INDEX,
+    F64,
+    I64,
+    PHASE_CODE,
+    EventTable,
+    build_table,
+    run_ends,
+    run_starts,
+)
 from instrument.wire import Event
 
-CATEGORIES: tuple[str, ...] = ("compute", "io", "pcie", "allreduce", "other")
-CATEGORY_INDEX: dict[str, int] = {c: i for i, c in enumerate(CATEGORIES)}
-ALLREDUCE = CATEGORY_INDEX["allreduce"]
+__all__ = ["ALLREDUCE", "CATEGORIES", "CATEGORY_INDEX", "COLLECTIVE", "F64", "I64", "ORIGIN", "RUN",
+           "CollectiveObs", "IterationDag", "assemble"]
 
-_LANE = operator.itemgetter(3)
+ALLREDUCE = CATEGORY_INDEX["allreduce"]
 
 ORIGIN, RUN, COLLECTIVE = 0, 1, 2
 """Node kinds: a rank's fixed start, a contracted stretch of one lane, a collective across ranks."""
 
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-
-
-class LaneTrace:
-    """The tasks of one lane of one rank, in program order, on the common clock."""
-
-    __slots__ = ("rank", "lane", "events", "phases", "start", "end", "cat", "cum")
-
-    def __init__(self, rank: int, lane: str, events: list[Event], offset_ns: int) -> None:
-        cats, phases, _, _, starts, ends, _ = zip(*events)
-        start = np.array(starts, dtype=np.int64)
-        end = np.array(ends, dtype=np.int64)
-        if len(start) > 1 and bool((start[1:] < start[:-1]).any()):
-            order = np.argsort(start, kind="stable")
-            events = [events[i] for i in order.tolist()]
-            cats = tuple(cats[i] for i in order.tolist())
-            phases = tuple(phases[i] for i in order.tolist())
-            start, end = start[order], end[order]
-        self.rank, self.lane, self.events, self.phases = rank, lane, events, phases
-        self.start: I64 = start + offset_ns
-        self.end: I64 = np.maximum(end + offset_ns, self.start)
-        self.cat = np.fromiter(map(CATEGORY_INDEX.__getitem__, cats), dtype=np.intp, count=len(cats))
-        per_task = np.zeros((len(events), len(CATEGORIES)))
-        per_task[np.arange(len(events)), self.cat] = self.end - self.start
-        self.cum: F64 = np.zeros((len(events) + 1, len(CATEGORIES)))
-        np.cumsum(per_task, axis=0, out=self.cum[1:])
-
-    def busy(self, times: I64) -> F64:
-        """Busy time per category on this lane before each of ``times`` (rows: times, columns: categories)."""
-        j = np.searchsorted(self.start, times, side="right") - 1
-        jc = np.maximum(j, 0)
-        out = self.cum[jc]
-        part = np.clip(times - self.start[jc], 0, self.end[jc] - self.start[jc]).astype(np.float64)
-        part[j < 0] = 0.0
-        out[np.arange(len(times)), self.cat[jc]] += part
-        return out
+_LOAD, _H2D, _FORWARD, _BACKWARD, _UPDATE = (PHASE_CODE[p] for p in ("load", "h2d", "forward", "backward", "update"))
+_NONE = -1
 
 
 @dataclass(slots=True)
@@ -93,8 +69,7 @@ class IterationDag:
     """The contracted DAG of one iteration. Arrays are indexed by node; edges are sorted by destination."""
 
     ranks: tuple[int, ...]
-    lanes: list[LaneTrace]
-    comm: dict[int, list[Event]]
+    table: EventTable
     collectives: list[CollectiveObs]
     offsets: dict[int, int]
     """Rank → ns added to its clock to reach the common clock."""
@@ -104,7 +79,7 @@ class IterationDag:
     rank_of: I64
     """Node → rank; collectives carry ``len(ranks)``, the row of the scale matrix that is not a rank."""
     lane_of: I64
-    """Node → index into ``lanes`` (-1 for origins and collectives)."""
+    """Node → lane of ``table`` (-1 for origins and collectives)."""
     a: I64
     b: I64
     catsum: F64
@@ -140,118 +115,67 @@ class IterationDag:
         return g
 
 
-def _cuts_for_lane(lane: LaneTrace, markers: Sequence[int], before: set[int], after: set[int]) -> list[tuple[int, int]]:
-    """Cut points as (end of the stretch on the left, start of the stretch on the right), sorted."""
-    cuts = [(t, t) for t in markers]
-    n = len(lane.events)
-    for j in before | {i + 1 for i in after}:
-        if 0 < j < n:
-            cuts.append((int(lane.end[j - 1]), int(lane.start[j])))
-    cuts.sort()
-    return cuts
+def _first_per_rank(t: EventTable, phase: int) -> I64:
+    """Rank index → its earliest event of ``phase`` (earliest start, then lane order), or -1."""
+    out = np.full(len(t.ranks), _NONE, dtype=np.int64)
+    idx = np.flatnonzero(t.phase == phase)
+    if len(idx):
+        lanes = t.lane_of[idx]
+        firsts = idx[run_starts(lanes)]  # lanes are in time order: the first of each lane
+        rk = t.rank_idx[firsts]
+        o = np.lexsort((firsts, t.start[firsts], rk))
+        o = o[run_starts(rk[o])]
+        out[rk[o]] = firsts[o]
+    return out
 
 
-class _Builder:
-    """Accumulates nodes and edges; one per assembly."""
-
-    def __init__(self) -> None:
-        self.kind: list[int] = []
-        self.rank_of: list[int] = []
-        self.lane_of: list[int] = []
-        self.a: list[int] = []
-        self.b: list[int] = []
-        self.catsum: list[F64] = []
-        self.src: list[int] = []
-        self.dst: list[int] = []
-        self.lat: list[float] = []
-
-    def node(self, kind: int, rank: int, lane: int, a: int, b: int, catsum: F64) -> int:
-        self.kind.append(kind)
-        self.rank_of.append(rank)
-        self.lane_of.append(lane)
-        self.a.append(a)
-        self.b.append(b)
-        self.catsum.append(catsum[None, :])
-        return len(self.kind) - 1
-
-    def runs(self, rank: int, lane_index: int, lane: LaneTrace, cuts: list[tuple[int, int]]) -> list[int]:
-        """Add the stretches of ``lane`` between ``cuts`` as nodes chained in program order; return their ids."""
-        starts = [int(lane.start[0])] + [c[1] for c in cuts]
-        ends = [c[0] for c in cuts] + [int(lane.end[-1])]
-        ends = [max(e, s) for s, e in zip(starts, ends)]
-        t = np.array(starts + ends, dtype=np.int64)
-        busy = lane.busy(t)
-        k = len(starts)
-        sums = busy[k:] - busy[:k]
-        first = len(self.kind)
-        self.kind.extend([RUN] * k)
-        self.rank_of.extend([rank] * k)
-        self.lane_of.extend([lane_index] * k)
-        self.a.extend(starts)
-        self.b.extend(ends)
-        self.catsum.append(sums)
-        ids = list(range(first, first + k))
-        self.src.extend(ids[:-1])
-        self.dst.extend(ids[1:])
-        self.lat.extend([0.0] * (k - 1))
-        return ids
-
-    def edge(self, s: int, d: int, lat: float = 0.0) -> None:
-        self.src.append(s)
-        self.dst.append(d)
-        self.lat.append(lat)
+def _last_per_rank(t: EventTable, phase: int) -> I64:
+    """Rank index → the last event of ``phase`` on the lane where that one ends latest (lane order on ties), or -1."""
+    out = np.full(len(t.ranks), _NONE, dtype=np.int64)
+    idx = np.flatnonzero(t.phase == phase)
+    if len(idx):
+        lanes = t.lane_of[idx]
+        lasts = idx[run_ends(lanes)]
+        rk = t.rank_idx[lasts]
+        o = np.lexsort((lasts, -t.end[lasts], rk))
+        o = o[run_starts(rk[o])]
+        out[rk[o]] = lasts[o]
+    return out
 
 
-def _last_before(lanes: Sequence[LaneTrace], phase: str, t: int, exclude: int) -> tuple[int, int] | None:
-    """(lane index, task index) of the last task of ``phase`` ending by ``t`` on a lane other than ``exclude``."""
-    best: tuple[int, int, int] | None = None
-    for li, lane in enumerate(lanes):
-        if li == exclude:
+def _cross_lane_edges(t: EventTable, r: int) -> list[tuple[int, int]]:
+    """(source event, destination event) for io → copy → first forward → first backward → update, where
+    consecutive steps of rank index ``r`` sit on different lanes (a GPU job: main, copy and gpu lanes)."""
+    lo, hi = int(t.lane_lo[t.rank_lane_lo[r]]), int(t.lane_hi[t.rank_lane_hi[r] - 1])
+    phase, lane, start, end = t.phase[lo:hi], t.lane_of[lo:hi], t.start[lo:hi], t.end[lo:hi]
+
+    def last_before(p: int, time: int, exclude: int) -> int | None:
+        ok = np.flatnonzero((phase == p) & (end <= time) & (lane != exclude))
+        return None if not len(ok) else lo + int(ok[np.argmax(end[ok])])  # the first of the latest-ending
+
+    edges = []
+    for j in np.flatnonzero(phase == _H2D).tolist():
+        src = last_before(_LOAD, int(start[j]), int(lane[j]))
+        if src is not None:
+            edges.append((src, lo + j))
+    for p, before in ((_FORWARD, _H2D), (_BACKWARD, _FORWARD), (_UPDATE, _BACKWARD)):
+        cand = np.flatnonzero(phase == p)
+        if not len(cand):
             continue
-        for j, e in enumerate(lane.events):
-            if e.phase == phase and lane.end[j] <= t and (best is None or lane.end[j] > best[0]):
-                best = (int(lane.end[j]), li, j)
-    return None if best is None else (best[1], best[2])
-
-
-def _first(lanes: Sequence[LaneTrace], phase: str) -> tuple[int, int] | None:
-    """(lane index, task index) of the earliest task of ``phase``."""
-    best: tuple[int, int, int] | None = None
-    for li, lane in enumerate(lanes):
-        if phase in lane.phases:
-            j = lane.phases.index(phase)
-            if best is None or lane.start[j] < best[0]:
-                best = (int(lane.start[j]), li, j)
-    return None if best is None else (best[1], best[2])
-
-
-def _last(lanes: Sequence[LaneTrace], phase: str) -> tuple[int, int] | None:
-    """(lane index, task index) of the latest-ending task of ``phase``."""
-    best: tuple[int, int, int] | None = None
-    for li, lane in enumerate(lanes):
-        if phase in lane.phases:
-            j = len(lane.phases) - 1 - lane.phases[::-1].index(phase)
-            if best is None or lane.end[j] > best[0]:
-                best = (int(lane.end[j]), li, j)
-    return None if best is None else (best[1], best[2])
-
-
-def _cross_lane_edges(lanes: Sequence[LaneTrace]) -> list[tuple[int, int, int, int]]:
-    """io → copy → first forward → first backward → update, where consecutive steps sit on different lanes."""
-    edges: list[tuple[int, int, int, int]] = []
-    for li, lane in enumerate(lanes):
-        for j, e in enumerate(lane.events):
-            if e.phase == "h2d":
-                src = _last_before(lanes, "load", int(lane.start[j]), li)
-                if src is not None:
-                    edges.append((*src, li, j))
-    for phase, before in (("forward", "h2d"), ("backward", "forward"), ("update", "backward")):
-        dst = _first(lanes, phase)
-        if dst is not None:
-            src = _last_before(lanes, before, int(lanes[dst[0]].start[dst[1]]), dst[0])
-            if src is not None:
-                edges.append((*src, *dst))
+        lanes = lane[cand]
+        firsts = cand[run_starts(lanes)]
+        dst = int(firsts[np.argmin(start[firsts])])
+        src = last_before(before, int(start[dst]), int(lane[dst]))
+        if src is not None:
+            edges.append((src, lo + dst))
     return edges
+
+
+def _last_at_or_before(keys: I64, base: I64, lanes: I64, times: I64, t: EventTable) -> I64:
+    """Per query, the last run of ``lanes[i]`` whose key time is ≤ ``times[i]`` (else the lane's first run)."""
+    q = lanes * t.span + np.clip(times - t.t0, 0, t.span - 1)
+    found: I64 = np.maximum(np.searchsorted(keys, q, side="right") - 1, base[lanes])
+    return found
 
 
 def assemble(
@@ -260,98 +184,162 @@ def assemble(
     """Build the contracted DAG of one iteration.
 
     Args:
-        events: rank → that rank's events of the iteration, on its own clock.
+        events: rank → that rank's events of the iteration, on its own clock (decoded frames carry columns).
         offsets: rank → ns added to its clock to reach the common clock (missing: 0).
         previous_end: rank → end of its previous iteration on the common clock, where known.
     """
-    ranks = tuple(sorted(r for r in events if events[r]))
-    bld = _Builder()
-    lanes: list[LaneTrace] = []
-    comm: dict[int, list[Event]] = {}
-    by_name: dict[str, CollectiveObs] = {}
-    update_node: dict[int, int] = {}
-    origin: dict[int, int] = {}
-    zero = np.zeros(len(CATEGORIES))
-    for r in ranks:
-        off = offsets.get(r, 0)
-        evs = events[r]
-        names = set(map(_LANE, evs))
-        per_lane: dict[str, list[Event]] = {}
-        if len(names - {"comm"}) == 1:  # the usual case: one compute lane, in a single pass each
-            (only,) = names - {"comm"}
-            per_lane[only] = [e for e in evs if e[3] != "comm"] if "comm" in names else list(evs)
-            comm[r] = [e for e in evs if e[3] == "comm"] if "comm" in names else []
-        else:
-            for e in evs:
-                per_lane.setdefault(e.lane, []).append(e)
-            comm[r] = per_lane.pop("comm", [])
-        if not per_lane:
-            per_lane["main"] = []
-        rank_lanes = [LaneTrace(r, name, evs, off) for name, evs in sorted(per_lane.items()) if evs]
-        first_start = min((int(lane.start[0]) for lane in rank_lanes), default=0)
-        if not rank_lanes:
-            # Only collectives: anchor them on an empty main lane at the rank's first ready.
-            first_start = min((e.start_ns + off for e in comm[r]), default=0)
-        origin[r] = min(previous_end.get(r, first_start), first_start)
-        o = bld.node(ORIGIN, r, -1, origin[r], origin[r], zero)
-        if not rank_lanes:
-            continue
-        cross = _cross_lane_edges(rank_lanes) if len(rank_lanes) > 1 else []
-        upd = _last(rank_lanes, "update")
-        bwd = _first(rank_lanes, "backward")
-        marker_lane = bwd[0] if bwd else (upd[0] if upd else 0)
-        ml = rank_lanes[marker_lane]
-        lo = int(ml.start[0])
+    t = build_table(events, offsets)
+    ranks, n_ranks, n_lanes = t.ranks, len(t.ranks), t.lanes
+    rank_numbers = np.array(ranks, dtype=np.int64)
+    lane_first, lane_last = t.start[t.lane_lo], t.end[t.lane_hi - 1]
+    has_lanes = t.rank_lane_hi > t.rank_lane_lo
+
+    # Each rank's origin: its previous update end, or its first task.
+    first_start = np.zeros(n_ranks, dtype=np.int64)
+    if n_lanes:
+        first_start[has_lanes] = np.minimum.reduceat(lane_first, t.rank_lane_lo[has_lanes])
+    if not has_lanes.all():  # only collectives: anchored at the rank's first ready
+        comm_first = np.flatnonzero(run_starts(t.comm_rank_idx))
+        alone = ~has_lanes[t.comm_rank_idx[comm_first]]
+        first_start[t.comm_rank_idx[comm_first[alone]]] = t.comm_start[comm_first[alone]]
+    origin = {r: min(previous_end.get(r, fs), fs) for r, fs in zip(ranks, first_start.tolist())}
+
+    # Where each rank's buckets become ready: the lane of its backward pass, before its update.
+    bwd, upd = _first_per_rank(t, _BACKWARD), _last_per_rank(t, _UPDATE)
+    marker_lane = np.zeros(n_ranks, dtype=np.int64)
+    lo, hi = first_start.copy(), first_start.copy()
+    if n_lanes:
+        lane_of_bwd, lane_of_upd = t.lane_of[bwd.clip(0)], t.lane_of[upd.clip(0)]
+        marker_lane = np.where(bwd >= 0, lane_of_bwd, np.where(upd >= 0, lane_of_upd, t.rank_lane_lo))
+        marker_lane[~has_lanes] = 0
+        lo, hi = lane_first[marker_lane], lane_last[marker_lane]
         # A bucket is ready before the update that waits for it, whatever the clocks say.
-        hi = int(ml.end[-1])
-        if upd and upd[0] == marker_lane:
-            hi = int(ml.end[upd[1] - 1]) if upd[1] > 0 else int(ml.start[upd[1]])
-        ready_at: list[tuple[int, Event]] = []
-        for e in comm[r]:
-            ready_at.append((min(max(e.start_ns + off, lo), hi), e))
-        lane_ids: list[list[int]] = []
-        for li, lane in enumerate(rank_lanes):
-            before = {j for (_, _, dl, j) in cross if dl == li}
-            after = {j for (sl, j, _, _) in cross if sl == li}
-            if upd and upd[0] == li:
-                before.add(upd[1])
-            markers = [t for t, _ in ready_at] if li == marker_lane else []
-            ids = bld.runs(r, len(lanes), lane, _cuts_for_lane(lane, markers, before, after))
-            lanes.append(lane)
-            lane_ids.append(ids)
-            bld.edge(o, ids[0])
-        for sl, sj, dl, dj in cross:
-            bld.edge(_run_ending(bld, lane_ids[sl], int(rank_lanes[sl].end[sj])),
-                     _run_starting(bld, lane_ids[dl], int(rank_lanes[dl].start[dj])))
-        if upd:
-            update_node[r] = _run_starting(bld, lane_ids[upd[0]], int(rank_lanes[upd[0]].start[upd[1]]))
-        for t, e in ready_at:
-            c = by_name.get(e.name)
-            if c is None:
-                c = by_name[e.name] = CollectiveObs(e.name, e.bytes)
-            if r in c.ready:
-                continue  # the same bucket twice in one iteration: keep the first
-            c.ready[r], c.end[r] = t, max(e.end_ns + off, t)
-            c.marker[r] = _run_ending(bld, lane_ids[marker_lane], t)
-    collectives = _add_collectives(bld, list(by_name.values()), update_node, len(ranks))
-    return _finish(bld, ranks, lanes, comm, collectives, {r: offsets.get(r, 0) for r in ranks}, origin)
+        upd_on_marker = (upd >= 0) & (lane_of_upd == marker_lane)
+        u = upd[upd_on_marker]
+        hi[upd_on_marker] = np.where(u > t.lane_lo[t.lane_of[u]], t.end[u - 1], t.start[u])
+
+    cross = [e for r in np.flatnonzero(t.rank_lane_hi - t.rank_lane_lo > 1).tolist() for e in _cross_lane_edges(t, r)]
+    cross_src = np.array([s for s, _ in cross], dtype=np.int64)
+    cross_dst = np.array([d for _, d in cross], dtype=np.int64)
+
+    # Cuts: at every bucket-ready point on the marker lane, before each cross-lane destination and the
+    # update, after each cross-lane source. A cut is (end of the stretch on its left, start on its right).
+    with_lanes = has_lanes[t.comm_rank_idx]
+    c_rank = t.comm_rank_idx[with_lanes]
+    ready = np.minimum(np.maximum(t.comm_start[with_lanes], lo[c_rank]), hi[c_rank])
+    c_end = np.maximum(t.comm_end[with_lanes], ready)
+    before = np.unique(np.concatenate([upd[upd >= 0], cross_dst, cross_src + 1]))
+    before = before[before < len(t.start)]
+    before = before[before > t.lane_lo[t.lane_of[before]]]  # never before a lane's first task
+    cut_lane = np.concatenate([marker_lane[c_rank], t.lane_of[before]]).astype(np.int64)
+    cut_left = np.concatenate([ready, t.end[before - 1]])
+    cut_right = np.concatenate([ready, t.start[before]])
+    order = np.lexsort((cut_right, cut_left, cut_lane))
+    cut_lane, cut_left, cut_right = cut_lane[order], cut_left[order], cut_right[order]
+
+    # Runs: the stretches between cuts, lane by lane; node ids: per rank its origin, then its runs.
+    n_cuts = np.bincount(cut_lane, minlength=n_lanes)
+    run_base = np.zeros(n_lanes + 1, dtype=np.int64)
+    np.cumsum(n_cuts + 1, out=run_base[1:])
+    n_runs = int(run_base[-1])
+    run_lane = np.repeat(np.arange(n_lanes, dtype=np.int64), n_cuts + 1)
+    run_start = np.empty(n_runs, dtype=np.int64)
+    run_end = np.empty(n_runs, dtype=np.int64)
+    cut_base = run_base[:-1] - np.arange(n_lanes)  # index of a lane's first cut among all cuts
+    position = np.arange(len(cut_lane)) - cut_base[cut_lane]
+    run_start[run_base[:-1]] = lane_first
+    run_end[run_base[1:] - 1] = lane_last
+    run_end[run_base[cut_lane] + position] = cut_left
+    run_start[run_base[cut_lane] + position + 1] = cut_right
+    run_end = np.maximum(run_end, run_start)
+    busy = t.busy(np.concatenate((run_lane, run_lane)), np.concatenate((run_start, run_end)))
+    catsum = busy[n_runs:] - busy[:n_runs]
+    run_rank = t.lane_rank[run_lane]
+    runs_per_rank = np.bincount(run_rank, minlength=n_ranks)
+    origin_node = np.cumsum(runs_per_rank + 1) - runs_per_rank - 1
+    run_node = np.arange(n_runs, dtype=np.int64) + run_rank + 1
+
+    # Edges in the order each destination sees them (ties on the critical path go to the first).
+    first_run = np.zeros(n_runs, dtype=bool)
+    first_run[run_base[:-1]] = True
+    src: list[I64] = [np.where(first_run, origin_node[run_rank], run_node - 1)]
+    dst: list[I64] = [run_node]
+    lat: list[F64] = [np.zeros(n_runs)]
+    end_key = run_lane * t.span + np.clip(run_end - t.t0, 0, t.span - 1)
+    start_key = run_lane * t.span + np.clip(run_start - t.t0, 0, t.span - 1)
+    if cross:
+        s_run = _last_at_or_before(end_key, run_base, t.lane_of[cross_src], t.end[cross_src], t)
+        d_run = _last_at_or_before(start_key, run_base, t.lane_of[cross_dst], t.start[cross_dst], t)
+        src.append(run_node[s_run])
+        dst.append(run_node[d_run])
+        lat.append(np.zeros(len(cross)))
+    has_upd = (upd >= 0) & has_lanes
+    update_node = dict(zip(rank_numbers[has_upd].tolist(), run_node[_last_at_or_before(
+        start_key, run_base, t.lane_of[upd[has_upd]], t.start[upd[has_upd]], t)].tolist()))
+    marker = run_node[_last_at_or_before(end_key, run_base, marker_lane[c_rank], ready, t)]
+
+    obs = _observe(t, with_lanes, c_rank, ready, c_end, marker)
+    n_base = n_ranks + n_runs
+    c_src, c_dst, c_lat = _collective_edges(obs, update_node, n_base)
+    src.append(c_src)
+    dst.append(c_dst)
+    lat.append(c_lat)
+
+    n = n_base + len(obs)
+    kind = np.full(n, COLLECTIVE, dtype=np.int64)
+    kind[origin_node] = ORIGIN
+    kind[run_node] = RUN
+    rank_of = np.full(n, n_ranks, dtype=np.int64)
+    rank_of[origin_node] = rank_numbers
+    rank_of[run_node] = rank_numbers[run_rank]
+    lane_of = np.full(n, -1, dtype=np.int64)
+    lane_of[run_node] = run_lane
+    a = np.empty(n, dtype=np.int64)
+    b = np.empty(n, dtype=np.int64)
+    a[origin_node] = b[origin_node] = list(origin.values())
+    a[run_node], b[run_node] = run_start, run_end
+    all_catsum = np.zeros((n, len(CATEGORIES)))
+    all_catsum[run_node] = catsum
+    for c in obs:
+        a[c.node], b[c.node] = c.start_ns, c.end_ns
+        all_catsum[c.node, ALLREDUCE] = c.end_ns - c.start_ns
+    return _finish(t, obs, {r: int(o) for r, o in zip(ranks, t.offsets.tolist())}, origin, kind, rank_of,
+                   lane_of, a, b, all_catsum, np.concatenate(src), np.concatenate(dst), np.concatenate(lat))
 
 
-def _run_ending(bld: _Builder, ids: list[int], t: int) -> int:
-    """The last stretch of a lane that ends by ``t``: the one a cut at ``t`` closed."""
-    return max(bisect.bisect_right(bld.b, t, ids[0], ids[-1] + 1) - 1, ids[0])
+def _observe(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, ready: I64, c_end: I64, marker: I64
+             ) -> list[CollectiveObs]:
+    """One observation per bucket name, from every rank that reported it (its first report, if several)."""
+    names = list(itertools.compress(t.comm_names, with_lanes.tolist()))
+    if not names:
+        return []
+    first_name = list(dict.fromkeys(names))
+    ids = {n: i for i, n in enumerate(first_name)}
+    cid = np.fromiter(map(ids.__getitem__, names), dtype=np.int64, count=len(names))
+    src = t.comm_src[with_lanes]
+    nbytes = t.comm_bytes[with_lanes]
+    o = np.lexsort((src, c_rank, cid))
+    o = o[run_starts(cid[o]) | run_starts(c_rank[o])]
+    bounds = np.append(np.flatnonzero(run_starts(cid[o])), len(o))
+    ranks = np.array(t.ranks, dtype=np.int64)[c_rank[o]].tolist()
+    ready_l, end_l, marker_l = ready[o].tolist(), c_end[o].tolist(), marker[o].tolist()
+    obs = []
+    for k in range(len(bounds) - 1):
+        i, j = int(bounds[k]), int(bounds[k + 1])
+        rs = ranks[i:j]
+        obs.append(CollectiveObs(first_name[int(cid[o[i]])], int(nbytes[o[i]]), dict(zip(rs, ready_l[i:j])),
+                                 dict(zip(rs, end_l[i:j])), dict(zip(rs, marker_l[i:j]))))
+    return obs
 
 
-def _run_starting(bld: _Builder, ids: list[int], t: int) -> int:
-    """The last stretch of a lane that starts by ``t``: the one a cut before the task starting at ``t`` opened."""
-    return max(bisect.bisect_right(bld.a, t, ids[0], ids[-1] + 1) - 1, ids[0])
-
-
-def _add_collectives(
-    bld: _Builder, obs: list[CollectiveObs], update_node: Mapping[int, int], scale_row: int
-) -> list[CollectiveObs]:
-    """One node per collective; channel edges where the observation is serial; the last ones feed each update."""
+def _collective_edges(obs: list[CollectiveObs], update_node: Mapping[int, int], base: int
+                      ) -> tuple[I64, I64, F64]:
+    """Number the collectives in order of their latest ready time; edges from the ready points, along the
+    comm channel where the observation is serial, and from the last ones into each rank's update."""
     obs.sort(key=lambda c: (max(c.ready.values()), c.name))
+    src: list[int] = []
+    dst: list[int] = []
+    lat: list[float] = []
     has_successor: set[int] = set()
     for k, c in enumerate(obs):
         latest = max(c.ready.values())
@@ -359,35 +347,32 @@ def _add_collectives(
         # The comm channel is serial unless the ranks saw this collective finish before an earlier one did.
         prev = next((j for j in range(k - 1, -1, -1) if obs[j].end_ns <= end), None)
         start = latest if prev is None else max(latest, obs[prev].end_ns)
-        c.start_ns, c.end_ns = start, max(end, start)
-        cs = np.zeros(len(CATEGORIES))
-        cs[ALLREDUCE] = c.end_ns - c.start_ns
-        c.node = bld.node(COLLECTIVE, scale_row, -1, c.start_ns, c.end_ns, cs)
-        for m in c.marker.values():
-            bld.edge(m, c.node)
+        c.start_ns, c.end_ns, c.node = start, max(end, start), base + k
+        src.extend(c.marker.values())
+        dst.extend([c.node] * len(c.marker))
+        lat.extend([0.0] * len(c.marker))
         if prev is not None:
-            bld.edge(obs[prev].node, c.node)
+            src.append(obs[prev].node)
+            dst.append(c.node)
+            lat.append(0.0)
             has_successor.add(prev)
-    for r, u in update_node.items():
-        for k, c in enumerate(obs):
-            if k not in has_successor and r in c.end:
+    for k, c in enumerate(obs):
+        if k in has_successor:
+            continue
+        for r, end_r in c.end.items():
+            if r in update_node:
                 # Each rank sees the collective end at its own instant: keep that as the edge's latency.
-                bld.edge(c.node, u, float(c.end[r] - c.end_ns))
-    return obs
+                src.append(c.node)
+                dst.append(update_node[r])
+                lat.append(float(end_r - c.end_ns))
+    return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), np.array(lat, dtype=np.float64)
 
 
-def _finish(
-    bld: _Builder, ranks: tuple[int, ...], lanes: list[LaneTrace], comm: dict[int, list[Event]],
-    collectives: list[CollectiveObs], offsets: dict[int, int], origin: dict[int, int],
-) -> IterationDag:
-    n = len(bld.kind)
-    a = np.array(bld.a, dtype=np.int64)
-    b = np.array(bld.b, dtype=np.int64)
-    catsum = np.concatenate(bld.catsum) if bld.catsum else np.zeros((0, len(CATEGORIES)))
+def _finish(t: EventTable, collectives: list[CollectiveObs], offsets: dict[int, int], origin: dict[int, int],
+            kind: I64, rank_of: I64, lane_of: I64, a: I64, b: I64, catsum: F64, src: I64, dst: I64, lat: F64
+            ) -> IterationDag:
+    n = len(kind)
     internal = np.maximum((b - a) - catsum.sum(axis=1), 0.0)
-    src = np.array(bld.src, dtype=np.int64)
-    dst = np.array(bld.dst, dtype=np.int64)
-    lat = np.array(bld.lat, dtype=np.float64)
     level = _levels(n, src, dst)
     order = np.lexsort((dst, level[dst]))
     src, dst, lat = src[order], dst[order], lat[order]
@@ -396,15 +381,14 @@ def _finish(
     np.cumsum(dst_counts, out=dst_ptr[1:])
     # Edges sorted by (level, dst) are also sorted by dst only within a level; keep a per-node CSR too.
     by_dst = np.argsort(dst, kind="stable")
+    csr_src, csr_dst, csr_lat = src[by_dst], dst[by_dst], lat[by_dst]
     gap = np.zeros(n)
     has_pred = dst_counts > 0
     if len(src):
-        pred_end = np.full(n, -np.inf)
-        np.maximum.at(pred_end, dst, b[src] + lat)
-        gap[has_pred] = np.maximum(a[has_pred] - pred_end[has_pred], 0.0)
-    dag = IterationDag(ranks, lanes, comm, collectives, offsets, origin, np.array(bld.kind, dtype=np.int64),
-                       np.array(bld.rank_of, dtype=np.int64), np.array(bld.lane_of, dtype=np.int64), a, b, catsum,
-                       internal, gap, src[by_dst], dst[by_dst], lat[by_dst], dst_ptr)
+        pred_end = np.maximum.reduceat(b[csr_src] + csr_lat, dst_ptr[:-1][has_pred])
+        gap[has_pred] = np.maximum(a[has_pred] - pred_end, 0.0)
+    dag = IterationDag(t.ranks, t, collectives, offsets, origin, kind, rank_of, lane_of, a, b, catsum,
+                       internal, gap, csr_src, csr_dst, csr_lat, dst_ptr)
     dag.levels = _level_plan(level, src, dst, lat)
     return dag
 
@@ -416,7 +400,7 @@ def _levels(n: int, src: I64, dst: I64) -> I64:
         return level
     order = np.argsort(dst, kind="stable")
     s, d = src[order], dst[order]
-    starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
+    starts = np.flatnonzero(run_starts(d))
     targets = d[starts]
     for _ in range(n + 1):
         new = np.maximum.reduceat(level[s] + 1, starts)
@@ -432,10 +416,10 @@ def _level_plan(level: I64, src: I64, dst: I64, lat: F64) -> list[tuple[I64, I64
     if not len(dst):
         return plan
     lv = level[dst]
-    bounds = np.flatnonzero(np.r_[True, lv[1:] != lv[:-1], True])
+    bounds = np.append(np.flatnonzero(run_starts(lv)), len(lv))
     for i in range(len(bounds) - 1):
         e0, e1 = bounds[i], bounds[i + 1]
         d = dst[e0:e1]
-        first = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
+        first = np.flatnonzero(run_starts(d))
         plan.append((d[first], src[e0:e1], first, lat[e0:e1]))
     return plan

@@ -7,7 +7,7 @@ import dataclasses
 import statistics
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dagtop.model.analysis import analyse
@@ -70,10 +70,10 @@ class Pipeline:
         self._ranks: dict[int, _RankState] = {}
         self._world: int | None = expected_ranks
         self._held: list[tuple[RawFrame, wire.IterationBatch]] = []
-        self._pending: dict[int, dict[int, tuple[wire.Event, ...]]] = {}
+        self._pending: dict[int, dict[int, Sequence[wire.Event]]] = {}
         self._first_received: dict[int, int] = {}
         self._analysed: OrderedDict[int, bool] = OrderedDict()
-        self._partial: dict[int, dict[int, tuple[wire.Event, ...]]] = {}
+        self._partial: dict[int, dict[int, Sequence[wire.Event]]] = {}
         self._analyses: list[IterationAnalysis] = []
         self._tasks_kept = 0
         self._clocks = ClockAligner()
@@ -176,7 +176,7 @@ class Pipeline:
     def _iteration(self, raw: RawFrame, frame: wire.IterationBatch, state: _RankState) -> None:
         it, r = frame.iteration, frame.rank
         if frame.events:
-            state.update_end[it] = max(e.end_ns for e in frame.events)
+            state.update_end[it] = max(wire.EventColumns.of(frame.events).end_ns)
             if len(state.update_end) > 8:
                 del state.update_end[min(state.update_end)]
         state.last_iteration = it if state.last_iteration is None else max(state.last_iteration, it)
@@ -235,7 +235,7 @@ class Pipeline:
             del self._partial[it]
         self._insert(analysis)
 
-    def _analyse(self, it: int, events: dict[int, tuple[wire.Event, ...]], complete: bool) -> IterationAnalysis | None:
+    def _analyse(self, it: int, events: dict[int, Sequence[wire.Event]], complete: bool) -> IterationAnalysis | None:
         ranks = [r for r in events if events[r]]
         if not ranks:
             return None

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from dagtop.model.dag import CATEGORIES, COLLECTIVE, F64, ORIGIN, IterationDag
+from dagtop.model.table import CATEGORY_NAMES as _CATEGORY_NAMES
+from dagtop.model.table import PHASE_NAMES as _PHASE_NAMES
 from dagtop.model.snapshot import Segment
 
 GAP_NAME = "untimed host work"
@@ -69,7 +73,7 @@ def critical_segments(dag: IterationDag, start: F64, end: F64, origin_ns: int) -
     contributes only the part before it) and the untimed gaps between them.
     """
     path = critical_nodes(dag, end)
-    out: list[Segment] = []
+    rows: list[_Row] = []  # in reverse time order
     cursor = float(end[path[0][0]])
     for v, via in path:
         kind = dag.kind[v]
@@ -79,9 +83,9 @@ def critical_segments(dag: IterationDag, start: F64, end: F64, origin_ns: int) -
         s, e = float(start[v]), min(float(end[v]), cursor)
         if kind == COLLECTIVE:
             c = next(c for c in dag.collectives if c.node == v)
-            _push(out, None, "allreduce", "allreduce", c.name, s, e)
+            _push(rows, None, "allreduce", "allreduce", c.name, s, e)
         else:
-            _expand_run(out, dag, v, s, e)
+            _expand_run(rows, dag, v, s, e)
         # The stretch between the binding predecessor's end (plus latency) and this node's start: host gap.
         lo, hi = int(dag.dst_ptr[v]), int(dag.dst_ptr[v + 1])
         if lo < hi:
@@ -89,53 +93,61 @@ def critical_segments(dag: IterationDag, start: F64, end: F64, origin_ns: int) -
             pred_end = float(end[dag.src[j]] + dag.lat[j])
         else:
             pred_end = s
-        _push(out, r if kind != COLLECTIVE else None, "other", "gap", GAP_NAME, pred_end, s)
+        _push(rows, r if kind != COLLECTIVE else None, "other", "gap", GAP_NAME, pred_end, s)
         cursor = min(pred_end, s)
-    out.reverse()
-    return tuple(_clip(out, float(origin_ns)))
+    rows.reverse()
+    o = int(round(origin_ns))
+    return tuple(_make_segment(row if row[4] >= o else (*row[:4], o, row[5])) for row in rows if row[5] > o)
 
 
-def _expand_run(out: list[Segment], dag: IterationDag, v: int, s: float, e: float) -> None:
+_Row = tuple[int | None, str, str, str, int, int]
+_make_segment = partial(tuple.__new__, Segment)
+
+
+def _expand_run(rows: list[_Row], dag: IterationDag, v: int, s: float, e: float) -> None:
     """Append (in reverse time order) the tasks and gaps of run node ``v`` replayed over [s, e]."""
-    lane = dag.lanes[int(dag.lane_of[v])]
+    t = dag.table
+    lane = int(dag.lane_of[v])
+    lo, hi = int(t.lane_lo[lane]), int(t.lane_hi[lane])
+    rank = dag.ranks[int(t.lane_rank[lane])]
+    starts, ends = t.start[lo:hi], t.end[lo:hi]
     a0, b0 = int(dag.a[v]), int(dag.b[v])
     shift = s - a0  # identity replay: 0 where the observation is consistent; else the schedule slid
-    j0 = max(int(np.searchsorted(lane.start, a0, side="right")) - 1, 0)
-    j1 = int(np.searchsorted(lane.start, b0, side="left"))
-    pieces: list[tuple[float, float, int]] = []
-    for j in range(j0, max(j1, j0 + 1)):
-        if j >= len(lane.events):
-            break
-        ts, te = max(int(lane.start[j]), a0), min(int(lane.end[j]), b0)
-        if te > ts:
-            pieces.append((ts + shift, te + shift, j))
-    t = min(b0 + shift, e)
-    for ts, te, j in reversed(pieces):
-        te = min(te, e)
-        if te < t:
-            _push(out, lane.rank, "other", "gap", GAP_NAME, te, t)
-        ev = lane.events[j]
-        _push(out, lane.rank, ev.category, ev.phase, ev.name, min(ts, te), te)
-        t = min(ts, te)
-    if s < t:
-        _push(out, lane.rank, "other", "gap", GAP_NAME, s, t)
+    j0 = max(int(np.searchsorted(starts, a0, side="right")) - 1, 0)
+    j1 = min(max(int(np.searchsorted(starts, b0, side="left")), j0 + 1), hi - lo)
+    ts = np.maximum(starts[j0:j1], a0)
+    te = np.minimum(ends[j0:j1], b0)
+    keep = np.flatnonzero(te > ts)[::-1]  # latest first
+    ts = ts[keep] + shift
+    te = np.minimum(te[keep] + shift, e)
+    seg_start = np.minimum(ts, te)
+    # Walking back from the end: before each task, the gap up to where the next task began.
+    cursor = np.concatenate(([min(b0 + shift, e)], seg_start))
+    gap_start, gap_end = te, cursor[:-1]
+    # Interleave: gap after task k (in time), then task k; then the gap in front of the first task.
+    begin = np.empty(2 * len(keep) + 1)
+    finish = np.empty(2 * len(keep) + 1)
+    begin[0:-1:2], finish[0:-1:2] = gap_start, gap_end
+    begin[1:-1:2], finish[1:-1:2] = seg_start, te
+    begin[-1], finish[-1] = s, cursor[-1]
+    shown = np.flatnonzero(finish > begin)
+    events = keep + lo + j0
+    is_task = shown % 2 == 1
+    task = events[shown[is_task] // 2]
+    names = t.source[int(t.rank_idx[lo])].name
+    category = np.full(len(shown), "other", dtype=object)
+    phase = np.full(len(shown), "gap", dtype=object)
+    name = np.full(len(shown), GAP_NAME, dtype=object)
+    category[is_task] = _CATEGORY_NAMES[t.cat[task]]
+    phase[is_task] = _PHASE_NAMES[t.phase[task]]
+    name[is_task] = [names[i] for i in t.src[task].tolist()]
+    rows.extend(zip([rank] * len(shown), category.tolist(), phase.tolist(), name.tolist(),
+                    np.rint(begin[shown]).astype(np.int64).tolist(), np.rint(finish[shown]).astype(np.int64).tolist()))
 
 
-def _push(out: list[Segment], rank: int | None, category: str, phase: str, name: str, s: float, e: float) -> None:
+def _push(rows: list[_Row], rank: int | None, category: str, phase: str, name: str, s: float, e: float) -> None:
     if e > s:
-        out.append(Segment(rank, category, phase, name, int(round(s)), int(round(e))))
-
-
-def _clip(segments: list[Segment], origin: float) -> list[Segment]:
-    o = int(round(origin))
-    out = []
-    for seg in segments:
-        if seg.end_ns <= o:
-            continue
-        if seg.start_ns < o:
-            seg = Segment(seg.rank, seg.category, seg.phase, seg.name, o, seg.end_ns)
-        out.append(seg)
-    return out
+        rows.append((rank, category, phase, name, int(round(s)), int(round(e))))
 
 
 def shares(segments: tuple[Segment, ...]) -> dict[str, float]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 CATEGORIES = ("compute", "io", "pcie", "allreduce", "other")
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
-    """One timed task of one rank in one iteration."""
+class Task(NamedTuple):
+    """One timed task of one rank in one iteration (a tuple: an iteration has tens of thousands)."""
 
     rank: int
     lane: str
@@ -50,9 +50,8 @@ class Collective:
         return (self.end_ns - self.start_ns) / 1e6
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """One stretch of the critical path."""
+class Segment(NamedTuple):
+    """One stretch of the critical path (a tuple: a path through a per-layer backward has hundreds)."""
 
     rank: int | None
     """The rank the work ran on; None for a collective (all ranks at once)."""

@@ -1,0 +1,212 @@
+"""One iteration's events of every rank as flat numpy columns, grouped by lane: what the DAG is built from.
+
+Nothing here walks the events one by one in Python: a 64-rank iteration has tens of thousands of them, and
+the whole analysis has 20 ms. The decoder already hands each rank's events over as columns
+(:class:`~instrument.wire.EventColumns`); this module concatenates them, puts every lane in time order and
+answers "how busy was this lane, per category, before time t" for many lanes and times at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dagtop.model.snapshot import Task
+from instrument import wire
+from instrument.wire import Event, EventColumns
+
+CATEGORIES: tuple[str, ...] = wire.CATEGORIES
+"""Column order of every per-category array: compute, io, pcie, allreduce, other."""
+CATEGORY_INDEX: dict[str, int] = {c: i for i, c in enumerate(CATEGORIES)}
+PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(wire.PHASES)}
+COMM = wire.LANES.index("comm")
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+_LANE_RANK = np.array([sorted(wire.LANES).index(name) for name in wire.LANES], dtype=np.int64)
+"""Wire lane code → position among a rank's lanes: by name (copy, gpu, main), as the DAG numbers them."""
+LANE_NAMES = np.array(wire.LANES, dtype=object)
+CATEGORY_NAMES = np.array(CATEGORIES, dtype=object)
+PHASE_NAMES = np.array(wire.PHASES, dtype=object)
+"""Code → name, as object arrays: indexing them with a code array names a whole column at once."""
+_make_task = partial(tuple.__new__, Task)
+
+
+def run_starts(x: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """True where ``x`` differs from the element before (the first always): the starts of runs of equal values."""
+    out = np.ones(len(x), dtype=bool)
+    np.not_equal(x[1:], x[:-1], out=out[1:])
+    return out
+
+
+def run_ends(x: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """True where ``x`` differs from the element after (the last always): the ends of runs of equal values."""
+    out = np.ones(len(x), dtype=bool)
+    np.not_equal(x[1:], x[:-1], out=out[:-1])
+    return out
+
+
+def _column(columns: Sequence[EventColumns], field: str, dtype: type) -> Any:
+    parts: list[npt.NDArray[Any]] = [np.frombuffer(getattr(c, field), dtype=dtype) for c in columns]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+@dataclass(slots=True)
+class EventTable:
+    """Every event of one iteration on the common clock. Compute lanes (every lane but ``comm``) are sorted by
+    (rank, lane, start) and described per lane; the collectives' events are kept apart, by (rank, start).
+
+    Arrays named ``start``, ``end``, ... are per compute event; ``lane_*`` per lane; ``comm_*`` per comm event.
+    """
+
+    ranks: tuple[int, ...]
+    offsets: I64
+    """Per rank index: ns added to its clock."""
+    source: list[EventColumns]
+    """Per rank index: its events as they arrived (names are read from here, by ``src``)."""
+    rank_idx: I64
+    src: I64
+    """Index of the event in its rank's ``source``."""
+    start: I64
+    end: I64
+    """Never before ``start`` (a task that ends before it starts is a point)."""
+    end_raw: I64
+    cat: I64
+    phase: I64
+    nbytes: I64
+    lane_rank: I64
+    """Lane → rank index. Lanes are ordered by rank, then by name."""
+    lane_code: I64
+    lane_lo: I64
+    lane_hi: I64
+    """Lane → its events are ``lo:hi``."""
+    lane_of: I64
+    """Event → its lane."""
+    rank_lane_lo: I64
+    rank_lane_hi: I64
+    """Rank index → its lanes are ``lo:hi`` (none for a rank that sent only collectives)."""
+    cum: npt.NDArray[np.int64]
+    """(events + 1, categories): busy ns per category of the events before each one, over the whole table."""
+    comm_rank_idx: I64
+    comm_src: I64
+    comm_start: I64
+    comm_end: I64
+    comm_bytes: I64
+    comm_names: list[str]
+    t0: int
+    span: int
+    key: I64
+    """lane × span + (start − t0): sorted, so one searchsorted finds a time in any lane."""
+
+    @property
+    def lanes(self) -> int:
+        return len(self.lane_lo)
+
+    def busy(self, lanes: I64, times: I64) -> F64:
+        """Busy ns per category on ``lanes[i]`` before ``times[i]`` (rows: queries, columns: categories)."""
+        n = len(lanes)
+        out = np.zeros((n, len(CATEGORIES)))
+        if n == 0:
+            return out
+        rel = np.clip(times - self.t0, 0, self.span - 1)
+        j = np.searchsorted(self.key, lanes * self.span + rel, side="right") - 1
+        lo = self.lane_lo[lanes]
+        inside = j >= lo
+        jc = np.where(inside, j, lo)
+        out[:] = self.cum[jc] - self.cum[lo]
+        part = np.clip(times - self.start[jc], 0, self.end[jc] - self.start[jc]).astype(np.float64)
+        out[np.arange(n), self.cat[jc]] += part
+        out[~inside] = 0.0
+        return out
+
+    def tasks(self) -> tuple[Task, ...]:
+        """Every event as a :class:`Task` on the common clock (compute lanes in order, then each rank's
+        collectives in arrival order), built by C loops over the columns."""
+        ranks = np.array(self.ranks, dtype=np.int64)
+        names = np.array(list(itertools.chain.from_iterable(c.name for c in self.source)), dtype=object)
+        base = np.zeros(len(self.source) + 1, dtype=np.int64)
+        np.cumsum([len(c) for c in self.source], out=base[1:])
+        order = np.lexsort((self.comm_src, self.comm_rank_idx))
+        c_rank, c_src = self.comm_rank_idx[order], self.comm_src[order]
+        lanes = np.repeat(self.lane_code, self.lane_hi - self.lane_lo)
+        columns = (
+            np.concatenate([ranks[self.rank_idx], ranks[c_rank]]).tolist(),
+            np.concatenate([LANE_NAMES[lanes], np.full(len(order), "comm", dtype=object)]).tolist(),
+            np.concatenate([CATEGORY_NAMES[self.cat], np.full(len(order), "allreduce", dtype=object)]).tolist(),
+            np.concatenate([PHASE_NAMES[self.phase], np.full(len(order), "allreduce", dtype=object)]).tolist(),
+            names[np.concatenate([base[self.rank_idx] + self.src, base[c_rank] + c_src])].tolist(),
+            np.concatenate([self.start, self.comm_start[order]]).tolist(),
+            np.concatenate([self.end_raw, self.comm_end[order]]).tolist(),
+            np.concatenate([self.nbytes, self.comm_bytes[order]]).tolist(),
+        )
+        return tuple(map(_make_task, zip(*columns)))
+
+
+def build_table(events: Mapping[int, Sequence[Event]], offsets: Mapping[int, int]) -> EventTable:
+    """The table of one iteration from each rank's events (on its own clock) and its clock offset."""
+    ranks = tuple(sorted(r for r in events if len(events[r])))
+    source = [EventColumns.of(events[r]) for r in ranks]
+    counts = np.array([len(c) for c in source], dtype=np.int64)
+    rank_idx = np.repeat(np.arange(len(ranks), dtype=np.int64), counts)
+    src = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    off = np.array([offsets.get(r, 0) for r in ranks], dtype=np.int64)
+    lane = _column(source, "lane", np.int8).astype(np.int64)
+    start = _column(source, "start_ns", np.int64) + off[rank_idx]
+    end = _column(source, "end_ns", np.int64) + off[rank_idx]
+
+    comm = lane == COMM
+    c_idx = np.flatnonzero(comm)
+    c_order = c_idx[np.lexsort((start[c_idx], rank_idx[c_idx]))]
+    comm_names: list[str] = []
+    c_rank, c_src = rank_idx[c_order], src[c_order]
+    bounds = np.append(np.flatnonzero(run_starts(c_rank)), len(c_rank)).tolist()
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        comm_names.extend(map(source[int(c_rank[lo])].name.__getitem__, c_src[lo:hi].tolist()))
+
+    # Compute lanes: group by (rank, lane) keeping arrival order, then make sure each lane is in time order.
+    k_idx = np.flatnonzero(~comm)
+    group = rank_idx[k_idx] * len(_LANE_RANK) + _LANE_RANK[lane[k_idx]]
+    if len(ranks) * len(_LANE_RANK) < 1 << 15:
+        group = group.astype(np.int16)  # numpy sorts 16-bit keys by radix: linear time
+    order = np.argsort(group, kind="stable")
+    g, s = group[order], start[k_idx][order]
+    if bool(((g[1:] == g[:-1]) & (s[1:] < s[:-1])).any()):
+        order = np.lexsort((start[k_idx], group))  # stable: ties keep arrival order
+        g = group[order]
+    k = k_idx[order]
+    lane_lo = np.flatnonzero(run_starts(g)).astype(np.int64)
+    lane_hi = np.append(lane_lo[1:], len(g)).astype(np.int64)
+    lane_rank = rank_idx[k][lane_lo]
+    lane_of = np.repeat(np.arange(len(lane_lo), dtype=np.int64), lane_hi - lane_lo)
+    k_start = start[k]
+    k_end_raw = end[k]
+    k_end = np.maximum(k_end_raw, k_start)
+    cat = _column(source, "category", np.int8).astype(np.int64)[k]
+    sizes = _column(source, "bytes", np.int64)
+    per_task = np.zeros((len(k), len(CATEGORIES)), dtype=np.int64)
+    per_task[np.arange(len(k)), cat] = k_end - k_start
+    cum = np.zeros((len(k) + 1, len(CATEGORIES)), dtype=np.int64)
+    np.cumsum(per_task, axis=0, out=cum[1:])
+
+    t0 = int(k_start.min()) if len(k) else 0
+    span = (int(k_end.max()) - t0 + 2) if len(k) else 2
+    if len(lane_lo) * span >= 1 << 62:  # 13 days with 4096 lanes: clocks gone wrong, not a real iteration
+        raise ValueError(f"the iteration's events span {span / 1e9:.0f} s: too long to analyse")
+    key = lane_of * span + (k_start - t0)
+    rank_lane_lo = np.searchsorted(lane_rank, np.arange(len(ranks)), side="left").astype(np.int64)
+    rank_lane_hi = np.searchsorted(lane_rank, np.arange(len(ranks)), side="right").astype(np.int64)
+    return EventTable(
+        ranks=ranks, offsets=off, source=source, rank_idx=rank_idx[k], src=src[k], start=k_start, end=k_end,
+        end_raw=k_end_raw, cat=cat, phase=_column(source, "phase", np.int8).astype(np.int64)[k], nbytes=sizes[k],
+        lane_rank=lane_rank, lane_code=lane[k][lane_lo], lane_lo=lane_lo, lane_hi=lane_hi, lane_of=lane_of,
+        rank_lane_lo=rank_lane_lo, rank_lane_hi=rank_lane_hi, cum=cum,
+        comm_rank_idx=rank_idx[c_order], comm_src=src[c_order], comm_start=start[c_order], comm_end=end[c_order],
+        comm_bytes=sizes[c_order], comm_names=comm_names, t0=t0, span=span, key=key,
+    )
