@@ -1,7 +1,8 @@
 """Check two what-ifs against real re-runs of the demo job: predicted (from a base run) vs measured (re-run).
 
 * "all-reduce ×0.5": base = ``--bottleneck allreduce``; re-run all-reducing only the first half of every bucket
-  (half the bytes on the wire, the same compute; halving the wide layer would also halve its backward and update).
+  (half the bytes on the wire, the same compute; halving the embedding table would also halve its backward
+  and update).
 * "perfect overlap": base = ``--bottleneck allreduce``; re-run with DDP's all-reduce replaced by a no-op hook
   (communication free: what the model's 'perfect overlap' replay assumes).
 

@@ -28,9 +28,7 @@ def report_json(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> 
 @pytest.mark.parametrize(
     ("name", "bottleneck", "straggler"),
     [("io", "io", None), ("compute", "compute", None), ("straggler1-io", "io", (1, "io")),
-     pytest.param("allreduce", "allreduce", None, marks=pytest.mark.xfail(
-         reason="demo-allreduce: the wide layer's backward and update (~100 ms of compute) outweigh its 81 ms "
-                "exposed all-reduce on the critical path; the demo needs a heavier all-reduce", strict=False))],
+     ("allreduce", "allreduce", None)],
 )
 def test_fixture_names_its_bottleneck_and_straggler(
     name: str, bottleneck: str, straggler: tuple[int, str] | None, capsys: pytest.CaptureFixture[str]
@@ -99,10 +97,7 @@ def test_summarize_names_the_synthetic_straggler() -> None:
 @pytest.mark.parametrize(
     ("args", "bottleneck", "straggler"),
     [(["--bottleneck", "io"], "io", None), (["--bottleneck", "compute"], "compute", None),
-     (["--straggler", "1", "--bottleneck", "io"], "io", 1),
-     pytest.param(["--bottleneck", "allreduce"], "allreduce", None,
-                  marks=pytest.mark.xfail(reason="see the fixture test: compute outweighs the all-reduce",
-                                          strict=False))],
+     (["--straggler", "1", "--bottleneck", "io"], "io", 1), (["--bottleneck", "allreduce"], "allreduce", None)],
 )
 def test_real_demo_end_to_end(tmp_path: Path, args: list[str], bottleneck: str, straggler: int | None) -> None:
     rec = tmp_path / "demo.dagtop"

@@ -26,8 +26,8 @@ IO_SLEEP_S = 0.002
 """Per-sample wait of the slow dataset: 64 samples, ~130 ms per batch, several times the compute."""
 COMPUTE_REPEAT = 4
 """The heavy rank runs every convolution this many times over: same parameters, four times the work."""
-WIDE_FEATURES = 500_000
-"""Outputs of the wide layer: 64 x 500,000 = 32 M parameters, a 128 MB gradient for gloo to all-reduce."""
+WIDE_ROWS = 500_000
+"""Rows of the wide embedding table: 500,000 x 64 = 32 M parameters, a 128 MB gradient for gloo to all-reduce."""
 PCIE_BATCH = 1024
 
 
@@ -66,7 +66,7 @@ def make_model(wide: bool) -> Any:
             return self.relu(self.bn(y / self.repeat if self.repeat > 1 else y))
 
     class DemoNet(nn.Module):
-        """Four conv blocks, global pooling, a classifier; optionally a wide conditioning layer."""
+        """Four conv blocks, global pooling, a classifier; optionally a wide embedding table."""
 
         def __init__(self, wide: bool) -> None:
             super().__init__()
@@ -76,16 +76,17 @@ def make_model(wide: bool) -> Any:
             self.block3 = ConvBlock(64, 64, 1)
             self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
             self.head = nn.Linear(64, CLASSES)
-            # Few FLOPs (it sees one pooled vector per batch) but 32 M parameters: the all-reduce dominates.
-            self.wide = nn.Linear(64, WIDE_FEATURES) if wide else None
+            # Like a recommender's embedding table: a forward reads a few rows, but the gradient is dense
+            # (sparse=False, as DDP needs) and every one of its 32 M entries crosses the network each step.
+            self.wide = nn.Embedding(WIDE_ROWS, 64) if wide else None
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             z = self.pool(self.block3(self.block2(self.block1(self.stem(x)))))
             logits = self.head(z)
             if self.wide is not None:
-                # Detached: no gradient back into the features, so backward computes only the weight's.
-                bias = self.wide(z.detach().mean(0, keepdim=True)).view(-1, CLASSES).mean(0)
-                logits = logits + 0.1 * bias
+                # One row per class, scored against the pooled features (detached: the table learns alone).
+                rows = self.wide(torch.arange(CLASSES, device=z.device))
+                logits = logits + 0.1 * (z.detach() @ rows.t())
             return logits
 
     return DemoNet(wide)
