@@ -18,7 +18,7 @@ from dagtop.ui.renderables.rank_table import rank_table, visible_rows
 from dagtop.ui.renderables.status import status_text
 from dagtop.ui.renderables.telemetry import telemetry_text
 from dagtop.ui.renderables.timeline import LABEL_WIDTH, TimelineChart, timeline_rows
-from dagtop.ui.renderables.verdict import critical_path_bar, recent_bottleneck, recent_text, verdict_line
+from dagtop.ui.renderables.verdict import Recent, critical_path_bar, recent_bottleneck, recent_text, verdict_line
 from dagtop.ui.renderables.what_if import what_if_table
 
 
@@ -141,7 +141,18 @@ def test_recent_bottleneck_weighs_each_iteration_by_its_time_and_skips_warm_up()
     comm = dataclasses.replace(base, iteration=1, measured_ms=100.0, shares={"allreduce": 0.6, "compute": 0.4})
     comp = dataclasses.replace(base, iteration=2, measured_ms=50.0, shares={"allreduce": 0.4, "compute": 0.6})
     # all-reduce: 60 + 20 = 80 ms of 150; compute 70 ms; iteration 0's io is warm-up.
-    category, share, count = recent_bottleneck([warm, comm, comp], upto=2)  # type: ignore[misc]
-    assert (category, count) == ("allreduce", 2) and abs(share - 80 / 150) < 1e-9
+    recent = recent_bottleneck([warm, comm, comp], upto=2)
+    assert recent is not None
+    assert (recent.category, recent.iterations) == ("allreduce", 2) and abs(recent.share - 80 / 150) < 1e-9
     assert recent_bottleneck([warm, comm, comp], upto=1) is None  # one iteration is no trend
-    assert recent_text(("allreduce", 0.52, 20)).plain == " · last 20: all-reduce 52 %"
+    assert recent_text(Recent("allreduce", 0.52, 20)).plain == " · last 20: all-reduce 52 %"
+
+
+def test_recent_verdict_counts_how_often_each_rank_was_the_straggler() -> None:
+    base = two_rank_iteration()
+    late = [dataclasses.replace(base, iteration=i, straggler=Straggler(r, "io", 9.0) if r is not None else None)
+            for i, r in enumerate([None, 1, None, 0, 1, 1], start=1)]
+    recent = recent_bottleneck(late, upto=6)
+    assert recent is not None and recent.straggler == (1, 3)
+    assert recent_text(recent).plain.endswith(", rank 1 late 3/6")
+    assert recent_bottleneck(late[:1] + late[2:3], upto=6).straggler is None  # type: ignore[union-attr]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from rich.text import Text
 
@@ -75,10 +77,22 @@ RECENT = 20
 """Iterations the steady verdict looks back over: one iteration's verdict flickers where two categories are close."""
 
 
-def recent_bottleneck(analyses: Sequence[IterationAnalysis], upto: int, n: int = RECENT) -> tuple[str, float, int] | None:
-    """The category holding the most critical-path time over the last ``n`` complete iterations up to ``upto``.
+class Recent(NamedTuple):
+    """The verdict over the last few iterations."""
 
-    Iteration 0 (warm-up) is left out when there are others. Returns (category, share, iterations) or None.
+    category: str
+    """The category holding the most critical-path time."""
+    share: float
+    iterations: int
+    straggler: tuple[int, int] | None = None
+    """(rank, iterations it was the straggler in): the most frequent one, if any iteration had one."""
+
+
+def recent_bottleneck(analyses: Sequence[IterationAnalysis], upto: int, n: int = RECENT) -> Recent | None:
+    """The category holding the most critical-path time over the last ``n`` complete iterations up to ``upto``,
+    and the rank most often the straggler among them.
+
+    Iteration 0 (warm-up) is left out when there are others. None with fewer than two iterations.
     """
     chosen = [a for a in analyses if a.iteration <= upto and a.complete and a.measured_ms > 0]
     chosen = ([a for a in chosen if a.iteration >= 1] or chosen)[-n:]
@@ -92,15 +106,22 @@ def recent_bottleneck(analyses: Sequence[IterationAnalysis], upto: int, n: int =
     if whole <= 0:
         return None
     category = max(totals, key=lambda c: totals[c])
-    return category, totals[category] / whole, len(chosen)
+    late = Counter(a.straggler.rank for a in chosen if a.straggler is not None).most_common(1)
+    return Recent(category, totals[category] / whole, len(chosen), late[0] if late else None)
 
 
-def recent_text(recent: tuple[str, float, int] | None) -> Text:
-    """`` · last 20: all-reduce 52 %`` (empty without enough iterations)."""
+def recent_text(recent: Recent | None) -> Text:
+    """`` · last 20: all-reduce 52 %`` and, if some iteration had a straggler, ``, rank 1 late 3/20``: a rank late
+    now and then is noise on a busy machine, a rank late every time is the thing to fix."""
     if recent is None:
         return Text("")
-    category, share, count = recent
-    text = Text(f" · last {count}: ", style="dim")
-    text.append(label(category), style=colour(category))
-    text.append(f" {share * 100:.0f} %", style="dim")
+    text = Text(f" · last {recent.iterations}: ", style="dim")
+    text.append(label(recent.category), style=colour(recent.category))
+    text.append(f" {recent.share * 100:.0f} %", style="dim")
+    if recent.straggler is not None:
+        rank, count = recent.straggler
+        steady = count * 2 > recent.iterations
+        text.append(", ", style="dim")
+        text.append(f"rank {rank} late {count}/{recent.iterations}",
+                    style=f"bold {STRAGGLER_COLOUR}" if steady else "dim")
     return text

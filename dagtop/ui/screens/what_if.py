@@ -27,6 +27,9 @@ class WhatIfScreen(ModalScreen[None]):
         a = self.analysis
         intro = Text(f"What if… iteration {a.iteration}: measured {a.measured_ms:.1f} ms, the DAG model replays it "
                      f"in {a.predicted_ms:.1f} ms; each change is replayed on the same DAG.\n", style="bold")
+        intro.append("Every other task keeps its measured duration. Where communication shares cores with compute "
+                     "(gloo on CPU), less of it would also speed compute up: the real gain can be larger.\n",
+                     style="dim")
         with Vertical(id="what-if-box"):
             yield Static(Group(intro, what_if_table(a, 100, explain=True),
                                Text("\nPress escape or w to close.", style="dim")), id="what-if-text")

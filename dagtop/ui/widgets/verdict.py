@@ -19,6 +19,7 @@ class Verdict(Panel):
         assert a is not None
         line = verdict_text(a)
         line.append_text(recent_text(recent_bottleneck(view.snapshot.iterations, a.iteration)))
+        line.no_wrap, line.overflow = True, "ellipsis"  # one line always: the bar and the legend keep their rows
         return Group(line, critical_path_bar(a, self.content_size.width), legend(dict(a.shares)))
 
     def draw_empty(self) -> RenderableType:
