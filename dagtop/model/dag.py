@@ -32,7 +32,6 @@ from dagtop.model.table import (
     PHASE_CODE,
     EventTable,
     build_table,
-    run_ends,
     run_starts,
 )
 from instrument.wire import Event
@@ -45,8 +44,7 @@ ALLREDUCE = CATEGORY_INDEX["allreduce"]
 ORIGIN, RUN, COLLECTIVE = 0, 1, 2
 """Node kinds: a rank's fixed start, a contracted stretch of one lane, a collective across ranks."""
 
-_LOAD, _H2D, _FORWARD, _BACKWARD, _UPDATE = (PHASE_CODE[p] for p in ("load", "h2d", "forward", "backward", "update"))
-_NONE = -1
+_BACKWARD, _UPDATE = PHASE_CODE["backward"], PHASE_CODE["update"]
 
 
 @dataclass(slots=True)
@@ -115,62 +113,6 @@ class IterationDag:
         return g
 
 
-def _first_per_rank(t: EventTable, phase: int) -> I64:
-    """Rank index → its earliest event of ``phase`` (earliest start, then lane order), or -1."""
-    out = np.full(len(t.ranks), _NONE, dtype=np.int64)
-    idx = np.flatnonzero(t.phase == phase)
-    if len(idx):
-        lanes = t.lane_of[idx]
-        firsts = idx[run_starts(lanes)]  # lanes are in time order: the first of each lane
-        rk = t.rank_idx[firsts]
-        o = np.lexsort((firsts, t.start[firsts], rk))
-        o = o[run_starts(rk[o])]
-        out[rk[o]] = firsts[o]
-    return out
-
-
-def _last_per_rank(t: EventTable, phase: int) -> I64:
-    """Rank index → the last event of ``phase`` on the lane where that one ends latest (lane order on ties), or -1."""
-    out = np.full(len(t.ranks), _NONE, dtype=np.int64)
-    idx = np.flatnonzero(t.phase == phase)
-    if len(idx):
-        lanes = t.lane_of[idx]
-        lasts = idx[run_ends(lanes)]
-        rk = t.rank_idx[lasts]
-        o = np.lexsort((lasts, -t.end[lasts], rk))
-        o = o[run_starts(rk[o])]
-        out[rk[o]] = lasts[o]
-    return out
-
-
-def _cross_lane_edges(t: EventTable, r: int) -> list[tuple[int, int]]:
-    """(source event, destination event) for io → copy → first forward → first backward → update, where
-    consecutive steps of rank index ``r`` sit on different lanes (a GPU job: main, copy and gpu lanes)."""
-    lo, hi = int(t.lane_lo[t.rank_lane_lo[r]]), int(t.lane_hi[t.rank_lane_hi[r] - 1])
-    phase, lane, start, end = t.phase[lo:hi], t.lane_of[lo:hi], t.start[lo:hi], t.end[lo:hi]
-
-    def last_before(p: int, time: int, exclude: int) -> int | None:
-        ok = np.flatnonzero((phase == p) & (end <= time) & (lane != exclude))
-        return None if not len(ok) else lo + int(ok[np.argmax(end[ok])])  # the first of the latest-ending
-
-    edges = []
-    for j in np.flatnonzero(phase == _H2D).tolist():
-        src = last_before(_LOAD, int(start[j]), int(lane[j]))
-        if src is not None:
-            edges.append((src, lo + j))
-    for p, before in ((_FORWARD, _H2D), (_BACKWARD, _FORWARD), (_UPDATE, _BACKWARD)):
-        cand = np.flatnonzero(phase == p)
-        if not len(cand):
-            continue
-        lanes = lane[cand]
-        firsts = cand[run_starts(lanes)]
-        dst = int(firsts[np.argmin(start[firsts])])
-        src = last_before(before, int(start[dst]), int(lane[dst]))
-        if src is not None:
-            edges.append((src, lo + dst))
-    return edges
-
-
 def _last_at_or_before(keys: I64, base: I64, lanes: I64, times: I64, t: EventTable) -> I64:
     """Per query, the last run of ``lanes[i]`` whose key time is ≤ ``times[i]`` (else the lane's first run)."""
     q = lanes * t.span + np.clip(times - t.t0, 0, t.span - 1)
@@ -205,7 +147,7 @@ def assemble(
     origin = {r: min(previous_end.get(r, fs), fs) for r, fs in zip(ranks, first_start.tolist())}
 
     # Where each rank's buckets become ready: the lane of its backward pass, before its update.
-    bwd, upd = _first_per_rank(t, _BACKWARD), _last_per_rank(t, _UPDATE)
+    bwd, upd = t.first_per_rank(_BACKWARD), t.last_per_rank(_UPDATE)
     marker_lane = np.zeros(n_ranks, dtype=np.int64)
     lo, hi = first_start.copy(), first_start.copy()
     if n_lanes:
@@ -218,7 +160,7 @@ def assemble(
         u = upd[upd_on_marker]
         hi[upd_on_marker] = np.where(u > t.lane_lo[t.lane_of[u]], t.end[u - 1], t.start[u])
 
-    cross = [e for r in np.flatnonzero(t.rank_lane_hi - t.rank_lane_lo > 1).tolist() for e in _cross_lane_edges(t, r)]
+    cross = [e for r in np.flatnonzero(t.rank_lane_hi - t.rank_lane_lo > 1).tolist() for e in t.cross_lane_edges(r)]
     cross_src = np.array([s for s, _ in cross], dtype=np.int64)
     cross_dst = np.array([d for _, d in cross], dtype=np.int64)
 

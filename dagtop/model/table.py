@@ -25,6 +25,7 @@ CATEGORIES: tuple[str, ...] = wire.CATEGORIES
 """Column order of every per-category array: compute, io, pcie, allreduce, other."""
 CATEGORY_INDEX: dict[str, int] = {c: i for i, c in enumerate(CATEGORIES)}
 PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(wire.PHASES)}
+_LOAD, _H2D, _FORWARD, _BACKWARD, _UPDATE = (PHASE_CODE[p] for p in ("load", "h2d", "forward", "backward", "update"))
 COMM = wire.LANES.index("comm")
 
 F64 = npt.NDArray[np.float64]
@@ -125,6 +126,60 @@ class EventTable:
         out[np.arange(n), self.cat[jc]] += part
         out[~inside] = 0.0
         return out
+
+    def first_per_rank(self, phase: int) -> I64:
+        """Rank index → its earliest event of ``phase`` (earliest start, then lane order), or -1."""
+        out = np.full(len(self.ranks), -1, dtype=np.int64)
+        idx = np.flatnonzero(self.phase == phase)
+        if len(idx):
+            lanes = self.lane_of[idx]
+            firsts = idx[run_starts(lanes)]  # lanes are in time order: the first of each lane
+            rk = self.rank_idx[firsts]
+            o = np.lexsort((firsts, self.start[firsts], rk))
+            o = o[run_starts(rk[o])]
+            out[rk[o]] = firsts[o]
+        return out
+
+    def last_per_rank(self, phase: int) -> I64:
+        """Rank index → the last event of ``phase`` on the lane where that one ends latest (lane order on ties),
+        or -1."""
+        out = np.full(len(self.ranks), -1, dtype=np.int64)
+        idx = np.flatnonzero(self.phase == phase)
+        if len(idx):
+            lanes = self.lane_of[idx]
+            lasts = idx[run_ends(lanes)]
+            rk = self.rank_idx[lasts]
+            o = np.lexsort((lasts, -self.end[lasts], rk))
+            o = o[run_starts(rk[o])]
+            out[rk[o]] = lasts[o]
+        return out
+
+    def cross_lane_edges(self, r: int) -> list[tuple[int, int]]:
+        """(source event, destination event) for io → copy → first forward → first backward → update, where
+        consecutive steps of rank index ``r`` sit on different lanes (a GPU job: main, copy and gpu lanes)."""
+        lo, hi = int(self.lane_lo[self.rank_lane_lo[r]]), int(self.lane_hi[self.rank_lane_hi[r] - 1])
+        phase, lane, start, end = self.phase[lo:hi], self.lane_of[lo:hi], self.start[lo:hi], self.end[lo:hi]
+
+        def last_before(p: int, time: int, exclude: int) -> int | None:
+            ok = np.flatnonzero((phase == p) & (end <= time) & (lane != exclude))
+            return None if not len(ok) else lo + int(ok[np.argmax(end[ok])])  # the first of the latest-ending
+
+        edges = []
+        for j in np.flatnonzero(phase == _H2D).tolist():
+            src = last_before(_LOAD, int(start[j]), int(lane[j]))
+            if src is not None:
+                edges.append((src, lo + j))
+        for p, before in ((_FORWARD, _H2D), (_BACKWARD, _FORWARD), (_UPDATE, _BACKWARD)):
+            cand = np.flatnonzero(phase == p)
+            if not len(cand):
+                continue
+            lanes = lane[cand]
+            firsts = cand[run_starts(lanes)]
+            dst = int(firsts[np.argmin(start[firsts])])
+            src = last_before(before, int(start[dst]), int(lane[dst]))
+            if src is not None:
+                edges.append((src, lo + dst))
+        return edges
 
     def tasks(self) -> tuple[Task, ...]:
         """Every event as a :class:`Task` on the common clock (compute lanes in order, then each rank's
