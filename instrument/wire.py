@@ -105,9 +105,9 @@ class EventColumns(Sequence[Event]):
         if not rows:
             return cls(array("b"), array("b"), (), array("b"), array("q"), array("q"), array("q"))
         category, phase, name, lane, start, end, size = zip(*rows)
-        return cls(array("b", map(_CATEGORY_CODE.__getitem__, category)), array("b", map(_PHASE_CODE.__getitem__, phase)),
-                   name, array("b", map(_LANE_CODE.__getitem__, lane)), array("q", start), array("q", end),
-                   array("q", size))
+        return cls(array("b", map(_CATEGORY_CODE.__getitem__, category)),
+                   array("b", map(_PHASE_CODE.__getitem__, phase)), name, array("b", map(_LANE_CODE.__getitem__, lane)),
+                   array("q", start), array("q", end), array("q", size))
 
     def __len__(self) -> int:
         return len(self.start_ns)
@@ -325,7 +325,8 @@ def _events(raw: list[Any]) -> EventColumns:
     """Validate and transpose a frame's events, a whole field at a time (C loops, no Python per event).
 
     Anything the column checks refuse goes through :func:`_event` one event at a time, which raises the
-    precise reason: that function is the schema; this one only has to agree with it on valid input.
+    precise reason: that function is the schema; these checks must accept exactly what it accepts
+    (tests/test_wire.py spoils every field to hold them to it).
     """
     if not raw:
         return EventColumns.of(())

@@ -35,7 +35,8 @@ def lanes_and_queries(draw: st.DrawFn) -> tuple[dict[int, list[Event]], dict[int
         draw(st.randoms(use_true_random=False)).shuffle(evs)
         events[r] = evs
     offsets = {r: draw(st.integers(-20, 20)) for r in events}
-    queries = [(r, lane, draw(st.integers(-30, 400))) for r in events for lane in {e.lane for e in events[r]} - {"comm"}]
+    queries = [(r, lane, draw(st.integers(-30, 400)))
+               for r in events for lane in sorted({e.lane for e in events[r]} - {"comm"})]
     return events, offsets, queries
 
 
