@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dagtop.model.analysis import _covered_ns, analyse
@@ -42,6 +42,8 @@ def lanes_and_queries(draw: st.DrawFn) -> tuple[dict[int, list[Event]], dict[int
 
 @settings(max_examples=200, deadline=None)
 @given(lanes_and_queries())
+@example(({0: [Event("compute", "custom", "x", "main", 0, 1, 0), Event("compute", "custom", "x", "main", 0, 0, 0)]},
+          {0: 0}, [(0, "main", 0)]))  # a task of no time arriving after the one it precedes
 def test_busy_per_category_matches_a_walk_over_the_lane(
     case: tuple[dict[int, list[Event]], dict[int, int], list[tuple[int, str, int]]]
 ) -> None:

@@ -231,9 +231,10 @@ def build_table(events: Mapping[int, Sequence[Event]], offsets: Mapping[int, int
     if len(ranks) * len(_LANE_RANK) < 1 << 15:
         group = group.astype(np.int16)  # numpy sorts 16-bit keys by radix: linear time
     order = np.argsort(group, kind="stable")
-    g, s = group[order], start[k_idx][order]
-    if bool(((g[1:] == g[:-1]) & (s[1:] < s[:-1])).any()):
-        order = np.lexsort((start[k_idx], group))  # stable: ties keep arrival order
+    g, s, e = group[order], start[k_idx][order], end[k_idx][order]
+    # Time order within a lane: by start, and a task that takes no time before one that starts with it.
+    if bool(((g[1:] == g[:-1]) & ((s[1:] < s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] < e[:-1])))).any()):
+        order = np.lexsort((end[k_idx], start[k_idx], group))  # stable: full ties keep arrival order
         g = group[order]
     k = k_idx[order]
     lane_lo = np.flatnonzero(run_starts(g)).astype(np.int64)
