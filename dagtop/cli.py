@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -10,6 +11,8 @@ from dagtop import __version__
 from dagtop.sources import DEFAULT_ENDPOINT
 
 BOTTLENECKS = ("none", "io", "compute", "allreduce", "pcie")
+EXIT_BROKEN_PIPE = 141
+"""What a shell reports for a writer stopped by SIGPIPE."""
 
 
 def _iteration_range(text: str) -> tuple[int | None, int | None]:
@@ -62,7 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        code = _run(build_parser().parse_args(argv))
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+        return code
+    except BrokenPipeError:  # `dagtop report run.dagtop | head`: the reader stopped early, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second error at exit
+        return EXIT_BROKEN_PIPE
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "record":
         from dagtop.record import run_record
 

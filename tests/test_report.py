@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,15 @@ def test_real_demo_end_to_end(tmp_path: Path, args: list[str], bottleneck: str, 
     assert s["bottleneck"] == bottleneck
     assert (s["straggler"] or {}).get("rank") == straggler
     assert s["model_error"] <= 0.05
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """`dagtop report FILE | head`: the pipe closes under the report; that is not a crash."""
+    for unbuffered in ("1", ""):
+        env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+        report = subprocess.Popen([sys.executable, "-m", "dagtop.cli", "report", str(FIXTURES / "demo-io.dagtop")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        assert report.stdout is not None and report.stderr is not None
+        report.stdout.close()  # the reader is gone before the first line is written
+        assert report.wait(timeout=120) == 141
+        assert report.stderr.read() == b""

@@ -29,6 +29,8 @@ COMPUTE_REPEAT = 4
 WIDE_ROWS = 500_000
 """Rows of the wide embedding table: 500,000 x 64 = 32 M parameters, a 128 MB gradient for gloo to all-reduce."""
 PCIE_BATCH = 1024
+ALLREDUCE_BATCH = 16
+"""A small batch per rank, as when a job is spread over many GPUs: a quarter of the compute, the same bytes to sync."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB, broadcast_buffers=False,
                                                     gradient_as_bucket_view=True)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)  # no momentum: a lighter update for the wide layer
-    batch = PCIE_BATCH if args.bottleneck == "pcie" and slow else BATCH
+    batch = {"pcie": PCIE_BATCH if slow else BATCH, "allreduce": ALLREDUCE_BATCH}.get(args.bottleneck, BATCH)
     dataset = make_dataset(1 << 30, IO_SLEEP_S if args.bottleneck == "io" and slow else 0.0, IMAGE,
                            args.seed + rank)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=0)
