@@ -20,7 +20,7 @@ from dagtop.model.dag import (
 )
 from dagtop.model.replay import critical_nodes, critical_segments, durations, replay, shares
 from dagtop.model.snapshot import Collective, IterationAnalysis, RankRow, Segment, Straggler
-from dagtop.model.table import run_starts
+from dagtop.model.table import concat_ranges, run_starts
 from dagtop.model.whatif import PERFECT_OVERLAP, AlphaBeta, run_scenarios, scenarios, what_ifs
 from instrument.wire import Event
 
@@ -144,7 +144,7 @@ def _before(dag: IterationDag, times: Mapping[int, int]) -> dict[int, F64]:
     at = np.array(list(times.values()), dtype=np.int64)
     lo, hi = t.rank_lane_lo[rows], t.rank_lane_hi[rows]
     query = np.repeat(np.arange(len(rows)), hi - lo)
-    lanes = np.arange(len(query)) - np.repeat(np.cumsum(hi - lo) - (hi - lo), hi - lo) + np.repeat(lo, hi - lo)
+    lanes = concat_ranges(lo, hi)
     total = np.zeros((len(rows), len(CATEGORIES)))
     np.add.at(total, query, t.busy(lanes, at[query]))
     origin = np.array([dag.origin[r] for r in times], dtype=np.float64)

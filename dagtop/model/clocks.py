@@ -6,9 +6,10 @@ import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from instrument.wire import LANES, Event, EventColumns, Hello
+from instrument.events import LANE_CODE, Event, EventColumns
+from instrument.wire import Hello
 
-_COMM = LANES.index("comm")
+_COMM = LANE_CODE["comm"]
 
 HISTORY = 32
 """Per-iteration estimates kept per host; the offset is their median (robust to one odd iteration)."""

@@ -29,12 +29,11 @@ from dagtop.model.table import (
     CATEGORY_INDEX,
     F64,
     I64,
-    PHASE_CODE,
     EventTable,
     build_table,
     run_starts,
 )
-from instrument.wire import Event
+from instrument.events import PHASE_CODE, Event
 
 __all__ = ["ALLREDUCE", "CATEGORIES", "CATEGORY_INDEX", "COLLECTIVE", "F64", "I64", "ORIGIN", "RUN",
            "CollectiveObs", "IterationDag", "assemble"]

@@ -19,14 +19,13 @@ import numpy.typing as npt
 
 from dagtop.model.snapshot import Task
 from instrument import wire
-from instrument.wire import Event, EventColumns
+from instrument.events import CATEGORY_CODE, LANE_CODE, PHASE_CODE, Event, EventColumns
 
 CATEGORIES: tuple[str, ...] = wire.CATEGORIES
 """Column order of every per-category array: compute, io, pcie, allreduce, other."""
-CATEGORY_INDEX: dict[str, int] = {c: i for i, c in enumerate(CATEGORIES)}
-PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(wire.PHASES)}
+CATEGORY_INDEX: dict[str, int] = CATEGORY_CODE
 _LOAD, _H2D, _FORWARD, _BACKWARD, _UPDATE = (PHASE_CODE[p] for p in ("load", "h2d", "forward", "backward", "update"))
-COMM = wire.LANES.index("comm")
+COMM = LANE_CODE["comm"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -51,6 +50,13 @@ def run_ends(x: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
     """True where ``x`` differs from the element after (the last always): the ends of runs of equal values."""
     out = np.ones(len(x), dtype=bool)
     np.not_equal(x[1:], x[:-1], out=out[:-1])
+    return out
+
+
+def concat_ranges(lo: I64, hi: I64) -> I64:
+    """``lo[0]:hi[0]``, ``lo[1]:hi[1]``, ... as one array, without a Python loop."""
+    sizes = hi - lo
+    out: I64 = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)
     return out
 
 
@@ -210,7 +216,7 @@ def build_table(events: Mapping[int, Sequence[Event]], offsets: Mapping[int, int
     source = [EventColumns.of(events[r]) for r in ranks]
     counts = np.array([len(c) for c in source], dtype=np.int64)
     rank_idx = np.repeat(np.arange(len(ranks), dtype=np.int64), counts)
-    src = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    src = concat_ranges(np.zeros(len(counts), dtype=np.int64), counts)  # index of each event in its frame
     off = np.array([offsets.get(r, 0) for r in ranks], dtype=np.int64)
     lane = _column(source, "lane", np.int8).astype(np.int64)
     start = _column(source, "start_ns", np.int64) + off[rank_idx]
