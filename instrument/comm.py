@@ -13,6 +13,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from instrument import wire
 from instrument.timing import Stamp, Switch
 
+_compiling = torch.compiler.is_compiling
+
 
 class BucketTimer:
     """Wraps DDP's default all-reduce to time each bucket from ready (hook called) to done (future complete).
@@ -95,7 +97,8 @@ def time_buffer_sync(
     now = time.perf_counter_ns
 
     def timed_sync_buffers(*args: Any, **kwargs: Any) -> Any:
-        if not switch.on:
+        # Under torch.compile(DDP(m)) this runs inside the traced forward: a timestamp there is a graph break.
+        if not switch.on or _compiling():
             return sync(*args, **kwargs)
         start = now()
         result = sync(*args, **kwargs)

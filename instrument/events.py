@@ -17,7 +17,7 @@ LANES: Final = ("main", "gpu", "copy", "comm")
 """Where a task runs. Tasks on one lane of one rank never overlap: program order.
 
 ``main`` is the training thread (and CPU compute), ``gpu`` the CUDA compute stream, ``copy``
-the host-to-device copy stream, ``comm`` the collectives (one serial channel, as in WFBP).
+the host-to-device copies, ``comm`` the collectives (one serial channel, as in WFBP).
 """
 
 

@@ -35,6 +35,8 @@ class GpuResolver(Protocol):
 
     def calibrate(self) -> None: ...
 
+    def enter_thread(self) -> None: ...
+
 
 class Publisher:
     """Encodes and sends a rank's frames from a background thread, counting what it drops.
@@ -104,6 +106,8 @@ class Publisher:
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sock = context.socket(zmq.XPUB)
         try:
+            if self._resolver is not None:
+                self._resolver.enter_thread()
             # XPUB, unlike PUB, says zmq.Again at the high-water mark instead of dropping silently, so drops
             # are counted; and it tells us when a monitor subscribes, so the hello goes out at once.
             sock.setsockopt(zmq.XPUB_NODROP, 1)

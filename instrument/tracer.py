@@ -159,10 +159,10 @@ class Tracer:
         import torch
 
         from instrument.publisher import Publisher
-        from instrument.timing import UnitTimer, block_units, layer_units
+        from instrument.timing import UnitTimer, block_units, layer_units, model_name
 
-        ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
-        self._module = module = ddp.module if ddp is not None else model
+        ddp, module = _unwrap(model)
+        self._module = module
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
         self._cuda: Any = None
@@ -183,7 +183,7 @@ class Tracer:
         self._handles.append(optimizer.register_step_post_hook(self._on_step_end))
         self._update_start: Any = None
         self._params = sum(p.numel() for p in module.parameters())
-        self._model_name = type(module).__name__
+        self._model_name = model_name(module)
         self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda)
         if ddp is not None:
             from instrument.comm import BucketTimer, time_buffer_sync
@@ -209,9 +209,9 @@ class Tracer:
             return move(batch, device)[0]
         try:
             if self._cuda is not None and _is_cuda(device):
-                from instrument.cuda import move_on_copy_stream
+                from instrument.cuda import move_timed
 
-                out, size, start, end = move_on_copy_stream(self._cuda, batch, _device(device), move)
+                out, size, start, end = move_timed(self._cuda, batch, _device(device))
                 self._events.append(("pcie", "h2d", "to_device", "copy", start, end, size))
                 return out
         except Exception as exc:  # noqa: BLE001
@@ -335,6 +335,23 @@ class Tracer:
             torch=torch.__version__, model=self._model_name[: wire.MAX_NAME_CHARS], params=self._params,
             granularity=self.granularity, wall_ns=time.time_ns(), mono_ns=time.perf_counter_ns(),
         )
+
+
+def _unwrap(model: Any) -> tuple[Any, Any]:
+    """(the DDP wrapper or None, the module whose units are timed) for a plain, DDP or compiled model.
+
+    ``torch.compile(DDP(m))`` keeps its DDP under ``_orig_mod``: the comm hook goes there, the timing
+    hooks on the compiled wrapper, outside the region Dynamo traces.
+    """
+    import torch
+
+    ddp_type = torch.nn.parallel.DistributedDataParallel
+    if isinstance(model, ddp_type):
+        return model, model.module
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, ddp_type):
+        return inner, model
+    return None, model
 
 
 def _is_cuda(device: Any) -> bool:
