@@ -44,6 +44,8 @@ class GpuSample:
     pcie_tx_bytes_s: float | None
     pcie_rx_bytes_s: float | None
     power_w: float | None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,8 @@ class TelemetrySampler:
             tx = get(lambda h=h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
             rx = get(lambda h=h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
             power = get(lambda h=h: nv.nvmlDeviceGetPowerUsage(h))
+            sm_clock = get(lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            mem_clock = get(lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
             out.append(GpuSample(
                 index=i,
                 name=name.decode() if isinstance(name, bytes) else str(name or f"GPU {i}"),
@@ -167,5 +171,7 @@ class TelemetrySampler:
                 pcie_tx_bytes_s=tx * 1024.0 if tx is not None else None,  # NVML reports KB/s
                 pcie_rx_bytes_s=rx * 1024.0 if rx is not None else None,
                 power_w=power / 1000.0 if power is not None else None,  # NVML reports mW
+                sm_clock_mhz=int(sm_clock) if sm_clock is not None else None,
+                mem_clock_mhz=int(mem_clock) if mem_clock is not None else None,
             ))
         return tuple(out)

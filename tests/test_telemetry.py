@@ -50,6 +50,7 @@ class _FakeNvml:
     """One GPU; PCIe and power in NVML's units (KB/s, mW); utilisation not supported."""
 
     NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
 
     def __init__(self) -> None:
         self.shut = False
@@ -71,6 +72,8 @@ class _FakeNvml:
         return 1000 if counter == self.NVML_PCIE_UTIL_TX_BYTES else 2000
     def nvmlDeviceGetPowerUsage(self, h: str) -> int:
         return 250_000
+    def nvmlDeviceGetClockInfo(self, h: str, clock: int) -> int:
+        return 1980 if clock == self.NVML_CLOCK_SM else 2619
 
 
 def test_gpu_fields_are_converted_and_unsupported_ones_left_empty() -> None:
@@ -79,7 +82,7 @@ def test_gpu_fields_are_converted_and_unsupported_ones_left_empty() -> None:
     (gpu,) = sampler().gpus
     assert gpu.name == "NVIDIA H100" and gpu.util_percent is None
     assert gpu.pcie_tx_bytes_s == 1000 * 1024 and gpu.pcie_rx_bytes_s == 2000 * 1024 and gpu.power_w == 250.0
-    assert gpu.mem_used_bytes == 2**30
+    assert gpu.mem_used_bytes == 2**30 and gpu.sm_clock_mhz == 1980 and gpu.mem_clock_mhz == 2619
     sampler.close()
     assert nvml.shut
 

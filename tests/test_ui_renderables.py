@@ -121,9 +121,10 @@ def test_what_if_lists_best_change_first() -> None:
 
 def test_telemetry_says_cleanly_there_is_no_gpu_or_shows_each_gpu() -> None:
     assert "no NVIDIA GPU" in telemetry_text(TelemetrySample(None, (), "no NVIDIA GPU (NVML library not found)")).plain
-    gpu = GpuSample(0, "H100", 87.0, 30 * 2**30, 80 * 2**30, 1.2e9, 3.4e9, 250.0)
+    gpu = GpuSample(0, "H100", 87.0, 30 * 2**30, 80 * 2**30, 1.2e9, 3.4e9, 250.0, 1980, 2619)
     text = telemetry_text(TelemetrySample(None, (gpu,), None)).plain
     assert "util 87 %" in text and "tx 1.2 GB/s" in text and "rx 3.4 GB/s" in text and "250 W" in text
+    assert "SM 1980 MHz" in text
 
 
 def test_status_line_counts_ranks_iterations_and_losses() -> None:

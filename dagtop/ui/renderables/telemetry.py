@@ -29,6 +29,8 @@ def _gpu_line(g: GpuSample) -> Text:
     text = Text(f"GPU{g.index} ", style="bold")
     text.append(f"{g.name[:18]}  util {util}  mem {_gib(g.mem_used_bytes)}/{_gib(g.mem_total_bytes)} GiB  ")
     text.append(f"pcie tx {rate(g.pcie_tx_bytes_s)} rx {rate(g.pcie_rx_bytes_s)}  {power}")
+    if g.sm_clock_mhz is not None:
+        text.append(f"  SM {g.sm_clock_mhz} MHz")
     return text
 
 
