@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import os
 import signal
 import sys
@@ -28,7 +29,10 @@ COMPUTE_REPEAT = 4
 """The heavy rank runs every convolution this many times over: same parameters, four times the work."""
 WIDE_ROWS = 500_000
 """Rows of the wide embedding table: 500,000 x 64 = 32 M parameters, a 128 MB gradient for gloo to all-reduce."""
-PCIE_BATCH = 1024
+PCIE_BATCH = 256
+PCIE_IMAGE = 192
+"""The pcie rank copies one 113 MB batch (256 x 3 x 192 x 192 float32) from pageable memory every step, and
+its model first pools the images down to 32 x 32: large inputs, a light model."""
 ALLREDUCE_BATCH = 16
 """A small batch per rank, as when a job is spread over many GPUs: a quarter of the compute, the same bytes to sync."""
 
@@ -81,8 +85,12 @@ def make_model(wide: bool) -> Any:
             # Like a recommender's embedding table: a forward reads a few rows, but the gradient is dense
             # (sparse=False, as DDP needs) and every one of its 32 M entries crosses the network each step.
             self.wide = nn.Embedding(WIDE_ROWS, 64) if wide else None
+            self.input_pool = 1
+            """Average-pool the input by this factor first (the pcie rank's large images)."""
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.input_pool > 1:
+                x = nn.functional.avg_pool2d(x, self.input_pool)
             z = self.pool(self.block3(self.block2(self.block1(self.stem(x)))))
             logits = self.head(z)
             if self.wide is not None:
@@ -154,10 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "gloo"
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        # NCCL wants a GPU per rank; ranks sharing a GPU all-reduce their CUDA tensors through gloo instead.
+        if world <= torch.cuda.device_count():
+            backend = "nccl"
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
 
     model = make_model(wide=args.bottleneck == "allreduce").to(device)
@@ -170,10 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB, broadcast_buffers=False,
                                                     gradient_as_bucket_view=True)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)  # no momentum: a lighter update for the wide layer
-    batch = {"pcie": PCIE_BATCH if slow else BATCH, "allreduce": ALLREDUCE_BATCH}.get(args.bottleneck, BATCH)
+    batch = ALLREDUCE_BATCH if args.bottleneck == "allreduce" else BATCH
     dataset = make_dataset(1 << 30, IO_SLEEP_S if args.bottleneck == "io" and slow else 0.0, IMAGE,
                            args.seed + rank)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=0)
+    loader: Any = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=0)
+    if args.bottleneck == "pcie" and slow:
+        model.input_pool = PCIE_IMAGE // IMAGE
+        # Batches already in (pageable) host memory, as from a fast loader: all the time goes to the copy.
+        images = torch.randn(PCIE_BATCH, 3, PCIE_IMAGE, PCIE_IMAGE)
+        loader = itertools.repeat((images, torch.randint(CLASSES, (PCIE_BATCH,))))
     loss_fn = torch.nn.CrossEntropyLoss()
 
     tracer = instrument.attach(ddp, optimizer, granularity=args.granularity, sample_every=args.sample_every)
