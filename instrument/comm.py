@@ -30,10 +30,10 @@ class BucketTimer:
     set before the process group starts (it times every collective of the job), needs the Work object,
     which the hook API does not hand back, and gives the kernel's duration only, not when the bucket was
     ready nor where the collective sits on the GPU clock. Measured on an H100 (benchmarks/gpu_truth.py
-    --part 2): done is the later of the collective's end on the GPU and the moment the host ran the
-    callback; against each collective's GPU work it is late by a median of 136 µs (max 367 µs) for NCCL at
-    world size 1, which launches no kernel at all, and by 148 µs (max 1.0 ms) for gloo on CUDA tensors,
-    whose all-reduces took 2 to 21 ms.
+    --part 2), done is meant to be the later of the collective's end on the GPU and the moment the host ran
+    the callback; relative to the end of each iteration, it differs from the end of the collective's GPU
+    work by a median of 136 µs (max 367 µs) for NCCL at world size 1, which launches no kernel at all, and
+    by 148 µs (max 1.0 ms) for gloo on CUDA tensors, whose all-reduces took 2 to 21 ms.
     """
 
     def __init__(
