@@ -99,6 +99,7 @@ def _compare(truth: kineto_truth.TraceTruth, frames: dict[tuple[int, int], list[
 def _summary(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
     errs = [abs(r["end_error_us"]) for r in rows]
     out = {"label": label, "buckets": len(rows), "median_abs_end_error_us": median(errs),
+           "median_end_error_us": median([r["end_error_us"] for r in rows]), "rows": rows,
            "max_abs_end_error_us": max(errs, default=float("nan")),
            "median_dagtop_us": median([r["dagtop_us"] for r in rows]),
            "median_op_us": median([r["op_us"] for r in rows])}
@@ -112,7 +113,8 @@ def _summary(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
 
 
 def nccl_world_1(out: Path) -> dict[str, Any]:
-    say("\n== NCCL, world size 1: DDP ResNet-50 bucket all-reduces against ncclDevKernel_*")
+    say("\n== NCCL, world size 1: DDP ResNet-50 bucket all-reduces against the GPU work each one launched "
+        "(ncclDevKernel_*; with one rank none, so the hook's division of the bucket)")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     try:
