@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import kineto_truth
-from gpu_truth import Collector, dagtop_cli, median, report, say
+from gpu_common import Collector, dagtop_cli, median, report, say
 
 import instrument
 from dagtop.demo.launch import free_endpoint, free_port

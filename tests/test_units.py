@@ -84,6 +84,11 @@ def test_a_tied_weight_is_hooked_once_at_layer_granularity() -> None:
     assert _names(layer_units(model)) == ["0"]
 
 
+def _iterations(collector: Any) -> list[wire.IterationBatch]:
+    frames = (wire.decode(r.payload) for r in collector.stop())
+    return [f for f in frames if isinstance(f, wire.IterationBatch)]
+
+
 def _train(model: nn.Module, tracer: Any, optimizer: torch.optim.Optimizer, steps: int) -> None:
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -110,7 +115,7 @@ def test_a_compiled_model_is_timed_without_breaking_its_graph(collector: Any, en
     assert len(unit.params) == 15 and unit.grad_hooks is not None and len(unit.grad_hooks) == 1
     tracer.close()
     time.sleep(0.2)
-    batches = [f for f in (wire.decode(r.payload) for r in collector.stop()) if isinstance(f, wire.IterationBatch)]
+    batches = _iterations(collector)
     assert len(batches) == 4
     for batch in batches:
         phases = {(e.phase, e.name) for e in batch.events}
@@ -130,7 +135,7 @@ def test_a_unit_fed_no_gradient_ends_at_its_last_accumulation_and_keeps_one_hook
     assert wte.grad_hooks is not None and len(wte.grad_hooks) == 1
     tracer.close()
     time.sleep(0.2)
-    batches = [f for f in (wire.decode(r.payload) for r in collector.stop()) if isinstance(f, wire.IterationBatch)]
+    batches = _iterations(collector)
     assert len(batches) == 4
     for batch in batches:
         backward = {e.name: e for e in batch.events if e.phase == "backward"}
@@ -165,7 +170,7 @@ def test_a_shortcut_layer_ends_its_backward_when_it_is_done_not_when_the_other_b
         optimizer.step()
     tracer.close()
     time.sleep(0.2)
-    batches = [f for f in (wire.decode(r.payload) for r in collector.stop()) if isinstance(f, wire.IterationBatch)]
+    batches = _iterations(collector)
     assert len(batches) == 3
     for batch in batches:
         bwd = {e.name: e for e in batch.events if e.phase == "backward"}
