@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from dagtop import __version__
 from dagtop.sources import DEFAULT_ENDPOINT
@@ -25,6 +26,52 @@ def _iteration_range(text: str) -> tuple[int | None, int | None]:
         raise argparse.ArgumentTypeError(f"not an iteration range: {text!r}") from None
 
 
+def _endpoint(text: str) -> str:
+    """A ZeroMQ endpoint to bind: tcp://HOST:PORT (port 1-65535), ipc://PATH or inproc://NAME."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
+        raise argparse.ArgumentTypeError(f"not an endpoint: {text!r} (expected tcp://HOST:PORT, e.g. {DEFAULT_ENDPOINT})")
+    if scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"not an endpoint: {text!r} (expected tcp://HOST:PORT, PORT from 1 to 65535)")
+    return text
+
+
+def _count(text: str) -> int:
+    """A whole number of at least 1 (ranks, iterations)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _speed(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (as fast as possible) or more, not {text}")
+    return value
+
+
+def _output_file(text: str) -> str:
+    """A recording to write: checked before anything binds or starts, so a typo costs nothing."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; name a file in it, e.g. {path / 'run.dagtop'}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is not writable")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dagtop",
@@ -32,16 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
         "With no command: collect from every rank and show the live screen.",
     )
     parser.add_argument("--version", action="version", version=f"dagtop {__version__}")
-    parser.add_argument("--bind", default=DEFAULT_ENDPOINT, help="endpoint the ranks publish to (default %(default)s)")
-    parser.add_argument("--ranks", type=int, default=None, help="ranks to expect (default: from the ranks' hello)")
+    parser.add_argument("--bind", type=_endpoint, default=DEFAULT_ENDPOINT,
+                        help="endpoint the ranks publish to (default %(default)s)")
+    parser.add_argument("--ranks", type=_count, default=None, help="ranks to expect (default: from the ranks' hello)")
     sub = parser.add_subparsers(dest="command")
 
     rec = sub.add_parser("record", help="collect headless into a recording")
-    rec.add_argument("--bind", default=DEFAULT_ENDPOINT, help="endpoint to bind (default %(default)s)")
-    rec.add_argument("-o", "--output", required=True, help="recording to write")
-    rec.add_argument("--iterations", type=int, default=None, help="stop once N iterations are complete on every rank")
+    rec.add_argument("--bind", type=_endpoint, default=DEFAULT_ENDPOINT, help="endpoint to bind (default %(default)s)")
+    rec.add_argument("-o", "--output", type=_output_file, required=True, help="recording to write")
+    rec.add_argument("--iterations", type=_count, default=None,
+                     help="stop once N iterations are complete on every rank")
     rec.add_argument("--timeout", type=float, default=None, help="give up after S seconds with nothing received")
-    rec.add_argument("--ranks", type=int, default=None, help="ranks to expect (default: from the ranks' hello)")
+    rec.add_argument("--ranks", type=_count, default=None, help="ranks to expect (default: from the ranks' hello)")
 
     rep = sub.add_parser("report", help="summarise a recording: bottleneck, straggler, critical path, what-if")
     rep.add_argument("file", help="a recording made by `dagtop record` or `dagtop demo --record`")
@@ -50,15 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     rpl = sub.add_parser("replay", help="the live screen, from a recording")
     rpl.add_argument("file")
-    rpl.add_argument("--speed", type=float, default=1.0, help="playback speed (0: as fast as possible)")
+    rpl.add_argument("--speed", type=_speed, default=1.0, help="playback speed (0: as fast as possible)")
 
     demo = sub.add_parser("demo", help="run a real CPU DDP job (gloo) and watch it")
-    demo.add_argument("--ranks", type=int, default=2, help="ranks to spawn (default %(default)s)")
+    demo.add_argument("--ranks", type=_count, default=2, help="ranks to spawn (default %(default)s)")
     demo.add_argument("--bottleneck", choices=BOTTLENECKS, default="none", help="make one category slow, for real")
     demo.add_argument("--straggler", type=int, default=None, metavar="RANK", help="make this rank slow in that category")
-    demo.add_argument("--iterations", type=int, default=None, help="iterations to run (default: until quit)")
-    demo.add_argument("--record", default=None, metavar="FILE", help="headless: record to FILE instead of the screen")
-    demo.add_argument("--bind", default=None, help="endpoint (default: a free port on 127.0.0.1)")
+    demo.add_argument("--iterations", type=_count, default=None, help="iterations to run (default: until quit)")
+    demo.add_argument("--record", type=_output_file, default=None, metavar="FILE",
+                      help="headless: record to FILE instead of the screen")
+    demo.add_argument("--bind", type=_endpoint, default=None, help="endpoint (default: a free port on 127.0.0.1)")
     demo.add_argument("--device", default="cpu", help="cpu or cuda (pcie bottleneck needs cuda)")
     demo.add_argument("--granularity", choices=("block", "layer"), default="block")
     return parser

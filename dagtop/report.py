@@ -48,7 +48,8 @@ def run_report(args: argparse.Namespace) -> int:
     path = str(args.file)
     err = sys.stderr
     if not Path(path).is_file():
-        print(f"dagtop report: {path}: no such file", file=err)
+        what = "is a directory, not a recording" if Path(path).is_dir() else "no such file"
+        print(f"dagtop report: {path}: {what}", file=err)
         return 2
     try:
         pipeline, truncated = load(path)

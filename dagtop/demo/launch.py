@@ -136,6 +136,8 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return "--bottleneck pcie needs --device cuda: a CPU job copies nothing over PCIe"
     if args.bottleneck == "allreduce" and args.straggler is not None:
         return "every rank all-reduces the same bytes: --straggler does not apply to --bottleneck allreduce"
+    if args.straggler is not None and args.bottleneck == "none":
+        return "--straggler needs --bottleneck: say what the rank is slow at (io, compute or pcie)"
     if args.straggler is not None and not 0 <= args.straggler < args.ranks:
         return f"--straggler {args.straggler} is not a rank of a {args.ranks}-rank job"
     if args.ranks < 1:
