@@ -23,22 +23,24 @@ def _gib(n: int | None) -> str:
     return "–" if n is None else f"{n / GIB:.1f}"
 
 
-def _gpu_line(g: GpuSample) -> Text:
+def _gpu_lines(g: GpuSample) -> list[Text]:
+    """Three short lines per GPU, each whole in the panel at 120 x 36; at 80 x 24 the first two show."""
     util = "–" if g.util_percent is None else f"{g.util_percent:.0f} %"
     power = "–" if g.power_w is None else f"{g.power_w:.0f} W"
-    text = Text(f"GPU{g.index} ", style="bold")
-    text.append(f"{g.name[:18]}  util {util}  mem {_gib(g.mem_used_bytes)}/{_gib(g.mem_total_bytes)} GiB  ")
-    text.append(f"pcie tx {rate(g.pcie_tx_bytes_s)} rx {rate(g.pcie_rx_bytes_s)}  {power}")
-    if g.sm_clock_mhz is not None:
-        text.append(f"  SM {g.sm_clock_mhz} MHz")
-    return text
+    clock = "" if g.sm_clock_mhz is None else f" {g.sm_clock_mhz} MHz"
+    name = g.name.removeprefix("NVIDIA ")[:9].rstrip()
+    return [
+        Text.assemble((f"GPU{g.index} ", "bold"), f"{name} util {util}"),
+        Text(f"mem {_gib(g.mem_used_bytes)}/{_gib(g.mem_total_bytes)} GiB {power}{clock}"),
+        Text(f"pcie tx {rate(g.pcie_tx_bytes_s)} rx {rate(g.pcie_rx_bytes_s)}"),
+    ]
 
 
 def telemetry_text(sample: TelemetrySample | None) -> Text:
     """A few lines: host first, then a line per GPU or the reason there is none."""
     if sample is None:
         return Text("sampling…", style="dim")
-    lines = [_gpu_line(g) for g in sample.gpus]
+    lines = [line for g in sample.gpus for line in _gpu_lines(g)]
     if not sample.gpus:
         lines.append(Text(sample.gpu_status or "no GPU", style="dim"))
     h = sample.host
