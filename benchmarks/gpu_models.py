@@ -264,11 +264,16 @@ class _CopyStream:
         self._stream = torch.cuda.Stream(DEV)
 
     def to_device(self, batch: Any, device: Any) -> Any:
-        from instrument.cuda import _empty_like
+        from instrument.tracer import map_tensors
 
         timing = self._tracer._cuda
         pairs: list[Any] = []
-        out = _empty_like(batch, DEV, pairs)
+
+        def empty_like(tensor: torch.Tensor) -> torch.Tensor:
+            pairs.append((torch.empty_like(tensor, device=DEV), tensor))
+            return pairs[-1][0]
+
+        out = map_tensors(batch, empty_like)
         current = torch.cuda.current_stream(DEV)
         self._stream.wait_stream(current)
         with torch.cuda.stream(self._stream):

@@ -31,27 +31,31 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def move(batch: Any, device: Any, non_blocking: bool = False) -> tuple[Any, int]:
-    """Copy the tensors of ``batch`` (a tensor, or tuples, lists and dicts of them) to ``device``; count bytes."""
+def map_tensors(batch: Any, fn: Any) -> Any:
+    """``batch`` (a tensor, or tuples, namedtuples, lists and dicts of them) with ``fn`` applied to each tensor."""
     import torch
 
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking), batch.numel() * batch.element_size()
+        return fn(batch)
     if isinstance(batch, (tuple, list)):
-        moved = [move(item, device, non_blocking) for item in batch]
-        items = [m[0] for m in moved]
-        size = sum(m[1] for m in moved)
+        items = [map_tensors(item, fn) for item in batch]
         if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-            return type(batch)(*items), size
-        return type(batch)(items), size
+            return type(batch)(*items)
+        return type(batch)(items)
     if isinstance(batch, dict):
-        out = {}
-        size = 0
-        for key, item in batch.items():
-            out[key], n = move(item, device, non_blocking)
-            size += n
-        return out, size
-    return batch, 0
+        return {key: map_tensors(item, fn) for key, item in batch.items()}
+    return batch
+
+
+def move(batch: Any, device: Any, non_blocking: bool = False) -> tuple[Any, int]:
+    """Copy the tensors of ``batch`` to ``device`` (see :func:`map_tensors`); count their bytes."""
+    sizes: list[int] = []
+
+    def to(tensor: Any) -> Any:
+        sizes.append(tensor.numel() * tensor.element_size())
+        return tensor.to(device, non_blocking=non_blocking)
+
+    return map_tensors(batch, to), sum(sizes)
 
 
 class TimedLoader:
