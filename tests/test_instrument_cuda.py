@@ -21,7 +21,7 @@ def test_gpu_tasks_arrive_on_gpu_and_copy_lanes_in_cpu_clock(collector: Any, end
                           nn.Linear(16 * 32 * 32, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
-    time.sleep(0.3)
+    collector.joined()
     before = time.perf_counter_ns()
     batches = [(torch.randn(64, 3, 32, 32).pin_memory(), torch.randint(10, (64,))) for _ in range(5)]
     for x, y in tracer.loader(batches):
@@ -33,8 +33,7 @@ def test_gpu_tasks_arrive_on_gpu_and_copy_lanes_in_cpu_clock(collector: Any, end
     torch.cuda.synchronize()
     after = time.perf_counter_ns()
     tracer.close()
-    time.sleep(0.3)
-    iterations = [f for f in map(lambda r: wire.decode(r.payload), collector.stop())
+    iterations = [f for f in map(lambda r: wire.decode(r.payload), collector.until_bye())
                   if isinstance(f, wire.IterationBatch)]
     assert len(iterations) == 5
     for batch in iterations:
@@ -48,7 +47,8 @@ def test_gpu_tasks_arrive_on_gpu_and_copy_lanes_in_cpu_clock(collector: Any, end
 
 
 def _frames(collector: Any) -> list[wire.IterationBatch]:
-    return [f for f in map(lambda r: wire.decode(r.payload), collector.stop()) if isinstance(f, wire.IterationBatch)]
+    return [f for f in map(lambda r: wire.decode(r.payload), collector.until_bye())
+            if isinstance(f, wire.IterationBatch)]
 
 
 def test_a_cuda_graph_capture_succeeds_with_the_shim_attached(collector: Any, endpoint: str) -> None:
@@ -58,6 +58,7 @@ def test_a_cuda_graph_capture_succeeds_with_the_shim_attached(collector: Any, en
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
     x = torch.randn(64, 256, device=device)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    collector.joined()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -80,7 +81,6 @@ def test_a_cuda_graph_capture_succeeds_with_the_shim_attached(collector: Any, en
     assert losses[-1] < losses[0]
     assert tracer.enabled
     tracer.close()
-    time.sleep(0.3)
     assert len(_frames(collector)) >= 3  # the eager warm-up iterations were timed
 
 
@@ -92,6 +92,7 @@ def test_a_compiled_model_is_timed_from_outside_the_graph(collector: Any, endpoi
     compiled = torch.compile(model)
     optimizer = torch.optim.SGD(compiled.parameters(), lr=0.01)
     tracer = instrument.attach(compiled, optimizer, endpoint=endpoint)
+    collector.joined()
     counters.clear()
     for _ in range(4):
         loss = compiled(torch.randn(32, 64, device=device)).square().mean()
@@ -102,7 +103,6 @@ def test_a_compiled_model_is_timed_from_outside_the_graph(collector: Any, endpoi
     assert sum(counters["graph_break"].values()) == 0
     assert counters["stats"]["unique_graphs"] == 1
     tracer.close()
-    time.sleep(0.3)
     batches = _frames(collector)
     assert len(batches) == 4
     for batch in batches[1:]:
@@ -123,6 +123,7 @@ def test_nccl_bucket_all_reduces_are_timed_on_the_gpu(collector: Any, endpoint: 
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], bucket_cap_mb=1)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
         tracer = instrument.attach(ddp, optimizer, endpoint=endpoint)
+        collector.joined()
         for _ in range(5):
             loss = ddp(torch.randn(64, 512, device=device)).square().mean()
             optimizer.zero_grad()
@@ -132,7 +133,6 @@ def test_nccl_bucket_all_reduces_are_timed_on_the_gpu(collector: Any, endpoint: 
         tracer.close()
     finally:
         dist.destroy_process_group()
-    time.sleep(0.3)
     batches = _frames(collector)
     assert len(batches) == 5
     for batch in batches[2:]:  # buckets are rebuilt after iteration 0

@@ -94,23 +94,34 @@ def test_summarize_names_the_synthetic_straggler() -> None:
     assert s["model_error"] <= 0.01
 
 
+DEMO_MIN_SHARE = 0.2
+"""The share of the critical path that a demo's slowed category holds at least: 0.5 to 0.6 on an idle 2-core
+machine, 0.4 with a busy loop on each core, against under 0.05 for a category the demo does not slow."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("args", "bottleneck", "straggler"),
-    [(["--bottleneck", "io"], "io", None), (["--bottleneck", "compute"], "compute", None),
-     (["--straggler", "1", "--bottleneck", "io"], "io", 1), (["--bottleneck", "allreduce"], "allreduce", None)],
+    ("args", "category", "straggler"),
+    [(["--bottleneck", "io"], "io", None), (["--straggler", "1", "--bottleneck", "io"], "io", 1),
+     (["--straggler", "1", "--bottleneck", "compute"], "compute", 1),
+     (["--bottleneck", "allreduce"], "allreduce", None)],
 )
-def test_real_demo_end_to_end(tmp_path: Path, args: list[str], bottleneck: str, straggler: int | None) -> None:
+def test_real_demo_end_to_end(tmp_path: Path, args: list[str], category: str, straggler: int | None) -> None:
+    """Only what holds by a wide margin on any machine: the slowed category's large share, and a straggler that
+    does several times its peer's work. Whether io or all-reduce *outweighs* compute depends on how busy the CPUs
+    are (compute swells on a loaded machine, a sleep does not): benchmarks/demo_verdicts.py checks that."""
     rec = tmp_path / "demo.dagtop"
     run = subprocess.run([sys.executable, "-m", "dagtop.cli", "demo", "--record", str(rec), "--iterations", "20",
-                          *args], capture_output=True, text=True, timeout=240)
+                          *args], capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stderr[-2000:]
     out = subprocess.run([sys.executable, "-m", "dagtop.cli", "report", str(rec), "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)
-    assert s["bottleneck"] == bottleneck
-    assert (s["straggler"] or {}).get("rank") == straggler
+    assert s["critical_path"][category] >= DEMO_MIN_SHARE, s["critical_path"]
+    assert (s["straggler"] or {}).get("rank") == straggler, s["straggler"]
+    if straggler is not None:
+        assert s["straggler"]["category"] == category, s["straggler"]
     assert s["model_error"] <= 0.05
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -85,7 +84,7 @@ def test_a_tied_weight_is_hooked_once_at_layer_granularity() -> None:
 
 
 def _iterations(collector: Any) -> list[wire.IterationBatch]:
-    frames = (wire.decode(r.payload) for r in collector.stop())
+    frames = (wire.decode(r.payload) for r in collector.until_bye())
     return [f for f in frames if isinstance(f, wire.IterationBatch)]
 
 
@@ -106,7 +105,7 @@ def test_a_compiled_model_is_timed_without_breaking_its_graph(collector: Any, en
     model = torch.compile(LM(), backend="eager")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
-    time.sleep(0.3)
+    collector.joined()
     counters.clear()
     _train(model, tracer, optimizer, 4)
     assert not counters["graph_break"], dict(counters["graph_break"])
@@ -114,7 +113,6 @@ def test_a_compiled_model_is_timed_without_breaking_its_graph(collector: Any, en
     (unit,) = tracer._blocks.units
     assert len(unit.params) == 15 and unit.grad_hooks is not None and len(unit.grad_hooks) == 1
     tracer.close()
-    time.sleep(0.2)
     batches = _iterations(collector)
     assert len(batches) == 4
     for batch in batches:
@@ -129,12 +127,11 @@ def test_a_unit_fed_no_gradient_ends_at_its_last_accumulation_and_keeps_one_hook
     model = LM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
-    time.sleep(0.3)
+    collector.joined()
     _train(model, tracer, optimizer, 4)
     wte = next(u for u in tracer._blocks.units if u.name == "transformer.wte")
     assert wte.grad_hooks is not None and len(wte.grad_hooks) == 1
     tracer.close()
-    time.sleep(0.2)
     batches = _iterations(collector)
     assert len(batches) == 4
     for batch in batches:
@@ -162,14 +159,13 @@ def test_a_shortcut_layer_ends_its_backward_when_it_is_done_not_when_the_other_b
     model = nn.Sequential(nn.Linear(32, 32), Residual(), nn.Linear(32, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint, granularity="layer")
-    time.sleep(0.3)
+    collector.joined()
     for _ in range(3):
         loss = model(torch.randn(64, 32)).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     tracer.close()
-    time.sleep(0.2)
     batches = _iterations(collector)
     assert len(batches) == 3
     for batch in batches:

@@ -14,6 +14,7 @@ import itertools
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -35,6 +36,16 @@ PCIE_IMAGE = 192
 its model first pools the images down to 32 x 32: large inputs, a light model."""
 ALLREDUCE_BATCH = 16
 """A small batch per rank, as when a job is spread over many GPUs: a quarter of the compute, the same bytes to sync."""
+MONITOR_PID_ENV = "DAGTOP_DEMO_MONITOR_PID"
+"""Set by ``dagtop demo`` (:mod:`dagtop.demo.launch`) to its own pid: the rank stops when that process is no longer
+its parent (:func:`watch_monitor`). A rank run any other way (torchrun) watches nothing."""
+MONITOR_POLL_S = 0.5
+"""How often a rank looks whether its monitor is still its parent."""
+ORPHAN_GRACE_S = 5.0
+"""An orphaned rank stops at the next iteration boundary; if it has not exited this long after noticing (a
+collective stuck on a peer that is already gone), it exits at once."""
+EXIT_ORPHANED = 3
+"""The exit status of a rank that gave up on a graceful stop after its monitor died (nobody waits for it)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,6 +150,31 @@ class Stop:
         signal.signal(signal.SIGINT, handler)
 
 
+def watch_monitor(monitor_pid: int, rank: int) -> threading.Thread:
+    """Stop this rank when the ``dagtop demo`` that started it dies, however it dies.
+
+    Each rank has its own session, so a closed terminal sends it no SIGHUP, and a SIGKILLed monitor runs no
+    cleanup. What always happens is re-parenting: ``os.getppid()`` stops being the monitor's pid. A daemon
+    thread polls for that (the pid comes from the launcher, so a monitor that died before this thread started
+    is noticed too), asks the loop to stop like SIGTERM does, and hard-exits after ``ORPHAN_GRACE_S``.
+    PR_SET_PDEATHSIG is not used: it fires when the parent *thread* that spawned us exits, and a monitor may
+    start its ranks from a worker thread.
+    """
+
+    def watch() -> None:
+        while os.getppid() == monitor_pid:
+            time.sleep(MONITOR_POLL_S)
+        print(f"demo: rank {rank}: its monitor (pid {monitor_pid}) is gone; stopping", file=sys.stderr, flush=True)
+        Stop.requested = True
+        time.sleep(ORPHAN_GRACE_S)
+        print(f"demo: rank {rank}: still running {ORPHAN_GRACE_S:g} s later; exiting", file=sys.stderr, flush=True)
+        os._exit(EXIT_ORPHANED)
+
+    thread = threading.Thread(target=watch, name="dagtop-monitor-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -151,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     Stop.install()
+    if os.environ.get(MONITOR_PID_ENV, "").isdigit():
+        watch_monitor(int(os.environ[MONITOR_PID_ENV]), rank)
 
     import torch
     import torch.distributed as dist

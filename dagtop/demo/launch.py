@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from dagtop.demo.job import MONITOR_PID_ENV
 from dagtop.record import ProgressLine, record
 from dagtop.recording import RecordingWriter
 from dagtop.sources import ZmqSource
@@ -85,6 +86,7 @@ class DemoJob:
             env = {**HOST_MEMORY_REUSE, **os.environ, **self.extra_env}
             env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.ranks),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port, DAGTOP_ENDPOINT=self.endpoint)
+            env[MONITOR_PID_ENV] = str(os.getpid())  # the rank stops when we die, even by SIGKILL
             self._procs.append(subprocess.Popen(
                 self.command(), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() reaches DataLoader workers too
