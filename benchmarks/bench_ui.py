@@ -32,7 +32,7 @@ from dagtop.ui.collector import Update
 from dagtop.ui.renderables.history import HistoryChart
 from dagtop.ui.renderables.rank_table import rank_table
 from dagtop.ui.renderables.timeline import TimelineChart
-from dagtop.ui.renderables.verdict import critical_path_bar, verdict_text
+from dagtop.ui.renderables.verdict import critical_path_bar, headline
 from dagtop.ui.renderables.what_if import what_if_table
 from dagtop.ui.widgets.panel import Panel
 from dagtop.ui.widgets.telemetry import Telemetry
@@ -67,7 +67,7 @@ def bench_renderables(snap: Snapshot, repeat: int) -> None:
     assert a is not None
     console = Console(width=118, file=open("/dev/null", "w"), color_system="truecolor")  # noqa: SIM115
     parts = {
-        "verdict+bar": lambda: (verdict_text(a), critical_path_bar(a, 118)),
+        "verdict+bar": lambda: (headline(a.steady, a, 118), critical_path_bar(a, 118)),
         "timeline": lambda: TimelineChart(a, 9, focus_rank=3),
         "history": lambda: HistoryChart(snap.iterations, 8, a.iteration),
         "rank table": lambda: rank_table(a, 9, 56, 3),

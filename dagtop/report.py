@@ -94,17 +94,20 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
       f"(model {s['predicted_iteration_ms']:.1f} ms, error {s['model_error'] * 100:.1f} %)\n")
     w(f"bottleneck       {s['bottleneck']}\n")
     st = s["straggler"]
-    w("straggler        " + (f"rank {st['rank']}: {st['category']} +{st['excess_ms']:.1f} ms per iteration "
-                             "against the other ranks' median\n" if st else "none\n"))
+    w("straggler        " + (f"rank {st['rank']}: busy {st['busy_excess_ms']:+.1f} ms per iteration against the "
+                             f"other ranks' median; {st['category']} {st['excess_ms']:+.1f} ms before the collective "
+                             "it held up\n" if st else "none\n"))
     w("critical path    " + "  ".join(f"{c} {share * 100:.0f} %" for c, share in
                                       sorted(s["critical_path"].items(), key=lambda kv: -kv[1]) if share > 0) + "\n")
     w(f"communication    {s['exposed_comm_ms']:.1f} ms exposed per iteration, "
       f"{s['overlap_ratio'] * 100:.0f} % hidden under compute\n")
     if s["what_if"]:
-        w("what if          (model replay, median over iterations)\n")
+        w("what if          (model replay, median over iterations; throughput in samples/s against now)\n")
         for x in s["what_if"]:
-            speed = f"×{x['speedup']:.2f}" if x["speedup"] is not None else "-"
-            w(f"  {x['change']:<22} {x['iteration_ms']:8.1f} ms  {speed}\n")
+            throughput = f"throughput ×{x['throughput']:.2f}" if x["throughput"] is not None else "-"
+            if x["throughput"] is not None and x["workers"] > 1:
+                throughput += f" ({x['throughput'] / x['workers'] * 100:.0f} % scaling efficiency)"
+            w(f"  {x['change']:<22} {x['iteration_ms']:8.1f} ms/it  {throughput}\n")
     for note in s.get("notes", ()):
         w(f"note: {note}\n")
     if s.get("dropped"):

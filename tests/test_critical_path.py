@@ -121,9 +121,11 @@ def test_straggler_rank_gates_the_allreduce_and_the_path_jumps_to_it() -> None:
     assert (a.straggler.rank, a.straggler.category) == (1, "io")
     assert a.straggler.excess_ms == pytest.approx(10.0)
     assert [r.straggler for r in a.per_rank] == [False, True]
-    # Both ranks take the same wall time; the straggler shows in its work: 24.5 ms busy against 14.5 ms.
+    # Both ranks take the same wall time; the straggler shows in its work: 24.5 ms busy against 14.5 ms. Each
+    # rank against the other's: the straggler's Δ busy is the figure its verdict gives, not half of it.
     assert [r.iteration_ms for r in a.per_rank] == pytest.approx([a.measured_ms] * 2)
-    assert [r.deviation_ms for r in a.per_rank] == pytest.approx([-5.0, 5.0])
+    assert [r.deviation_ms for r in a.per_rank] == pytest.approx([-10.0, 10.0])
+    assert a.straggler.busy_excess_ms == pytest.approx(10.0)
     assert [r.allreduce_ms for r in a.per_rank] == pytest.approx([14.0, 4.0])
     w = {x.change: x.iteration_ms for x in a.what_if}
     assert w["straggler at median"] == pytest.approx(a.measured_ms - 10.0)

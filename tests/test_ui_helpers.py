@@ -9,6 +9,7 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
+from dagtop.model.change import Change
 from dagtop.model.snapshot import Collective, IterationAnalysis, RankRow, Segment, Snapshot, Straggler, Task, WhatIf
 from dagtop.telemetry import HostSample, TelemetrySample
 from dagtop.ui.app import DagtopApp
@@ -56,7 +57,7 @@ def two_rank_iteration(iteration: int = 7) -> IterationAnalysis:
     shares = {"io": 20 / 75, "compute": 35 / 75, "allreduce": 20 / 75, "pcie": 0.0, "other": 0.0}
     rows = (RankRow(0, 75.0, 10.0, 0.0, 35.0, 30.0, 0.0, 2.5, False),
             RankRow(1, 70.0, 20.0, 0.0, 30.0, 20.0, 0.0, -2.5, True))
-    what_if = (WhatIf("I/O hidden", 55.0, 75 / 55), WhatIf("all-reduce ×2", 95.0, 75 / 95))
+    what_if = (WhatIf(Change.IO_HIDDEN, 55.0, 75 / 55), WhatIf(Change.ALLREDUCE_DOUBLE, 95.0, 75 / 95))
     return IterationAnalysis(
         iteration=iteration, complete=True, ranks=(0, 1), origin_ns=0, measured_ms=75.0, predicted_ms=75.0,
         tasks=tasks, collectives=(collective,), critical_path=path, shares=shares, bottleneck="compute",
@@ -69,7 +70,7 @@ def snapshot_of(*iterations: IterationAnalysis) -> Snapshot:
                     last_rejection=None, incomplete=0, received_ns=0)
 
 
-async def wait_loaded(pilot: Pilot[int], app: DagtopApp, timeout_s: float = 20.0) -> None:
+async def wait_loaded(pilot: Pilot[int], app: DagtopApp, timeout_s: float = 60.0) -> None:
     """Wait until a replay has been read to its end and the screen shows it."""
     for _ in range(int(timeout_s / 0.05)):
         if app.shown.finished:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from rich.console import Console
 from rich.style import Style
 from test_ui_helpers import snapshot_of, two_rank_iteration
 
-from dagtop.model.snapshot import CATEGORIES, RankRow, Straggler
+from dagtop.model.change import Change
 from dagtop.model.pipeline import Pipeline
+from dagtop.model.snapshot import CATEGORIES, RankRow, SteadyStraggler, SteadyVerdict, Straggler, WhatIf
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from dagtop.telemetry import GpuSample, TelemetrySample
 from dagtop.ui.palette import CATEGORY_COLOURS, colour, legend
@@ -18,7 +20,7 @@ from dagtop.ui.renderables.rank_table import rank_table, visible_rows
 from dagtop.ui.renderables.status import status_text
 from dagtop.ui.renderables.telemetry import telemetry_text
 from dagtop.ui.renderables.timeline import LABEL_WIDTH, TimelineChart, timeline_rows
-from dagtop.ui.renderables.verdict import Recent, critical_path_bar, recent_bottleneck, recent_text, verdict_line
+from dagtop.ui.renderables.verdict import critical_path_bar, headline
 from dagtop.ui.renderables.what_if import what_if_table
 
 
@@ -34,13 +36,22 @@ def test_palette_covers_every_model_category_with_distinct_colours() -> None:
     assert "all-reduce" in legend().plain and "io" in legend().plain
 
 
-def test_verdict_reads_as_the_issue_asks() -> None:
-    a = dataclasses.replace(two_rank_iteration(), bottleneck="allreduce",
+def test_headline_says_the_window_first_then_the_iteration_on_screen() -> None:
+    a = dataclasses.replace(two_rank_iteration(), iteration=55, bottleneck="allreduce",
                             shares={"allreduce": 0.46, "compute": 0.54}, exposed_comm_ms=38.2,
-                            straggler=Straggler(3, "io", 21.3))
-    assert verdict_line(a) == "all-reduce on the critical path 46 % · exposed 38 ms · straggler rank 3 (io +21 ms)"
-    assert verdict_line(dataclasses.replace(a, straggler=None)).endswith("no straggler")
-    assert verdict_line(dataclasses.replace(a, complete=False)).startswith("incomplete")
+                            straggler=Straggler(3, "io", 21.3, 19.6))
+    steady = SteadyVerdict(20, "compute", 0.52, SteadyStraggler(3, "io", 18, 20.4))
+    assert headline(steady, a, 78).plain.startswith("compute 52 % of critical path (last 20) · straggler rank 3 "
+                                                    "late 18/20 (io +20 ms) │ it 55")
+    assert headline(steady, a, 118).plain == (
+        "compute on the critical path 52 % (last 20) · straggler rank 3 (io +20 ms, "
+        "late 18/20) │ it 55: all-reduce 46 % · exposed 38 ms · rank 3 late")
+    quiet = dataclasses.replace(steady, straggler=None)
+    assert "(last 20) · no straggler │ it 55" in headline(quiet, dataclasses.replace(a, straggler=None)).plain
+    # No window yet: the iteration's own verdict, its straggler figure the ranks table's Δ busy.
+    assert headline(None, a).plain == ("all-reduce on the critical path 46 % · exposed 38 ms · "
+                                       "straggler rank 3 (io +20 ms)")
+    assert headline(None, dataclasses.replace(a, complete=False)).plain.startswith("incomplete")
 
 
 def test_critical_path_bar_is_proportional_and_coloured_by_category() -> None:
@@ -137,24 +148,14 @@ def test_status_line_counts_ranks_iterations_and_losses() -> None:
     assert "lag" not in replay and "iteration 7" in replay
 
 
-def test_recent_bottleneck_weighs_each_iteration_by_its_time_and_skips_warm_up() -> None:
-    base = two_rank_iteration()
-    warm = dataclasses.replace(base, iteration=0, measured_ms=1000.0, shares={"io": 1.0})
-    comm = dataclasses.replace(base, iteration=1, measured_ms=100.0, shares={"allreduce": 0.6, "compute": 0.4})
-    comp = dataclasses.replace(base, iteration=2, measured_ms=50.0, shares={"allreduce": 0.4, "compute": 0.6})
-    # all-reduce: 60 + 20 = 80 ms of 150; compute 70 ms; iteration 0's io is warm-up.
-    recent = recent_bottleneck([warm, comm, comp], upto=2)
-    assert recent is not None
-    assert (recent.category, recent.iterations) == ("allreduce", 2) and abs(recent.share - 80 / 150) < 1e-9
-    assert recent_bottleneck([warm, comm, comp], upto=1) is None  # one iteration is no trend
-    assert recent_text(Recent("allreduce", 0.52, 20)).plain == " · last 20: all-reduce 52 %"
 
-
-def test_recent_verdict_counts_how_often_each_rank_was_the_straggler() -> None:
-    base = two_rank_iteration()
-    late = [dataclasses.replace(base, iteration=i, straggler=Straggler(r, "io", 9.0) if r is not None else None)
-            for i, r in enumerate([None, 1, None, 0, 1, 1], start=1)]
-    recent = recent_bottleneck(late, upto=6)
-    assert recent is not None and recent.straggler == (1, 3)
-    assert recent_text(recent).plain.endswith(", rank 1 late 3/6")
-    assert recent_bottleneck(late[:1] + late[2:3], upto=6).straggler is None  # type: ignore[union-attr]
+def test_two_n_workers_reads_as_throughput_and_scaling_efficiency_not_a_slowdown() -> None:
+    """Weak scaling: 270 ms/it now, 350 ms/it on twice the ranks is ×1.54 the samples per second at 77 %."""
+    a = dataclasses.replace(two_rank_iteration(), predicted_ms=270.0,
+                            what_if=(WhatIf(Change.DOUBLE_WORKERS, 350.0, 270 / 350),
+                                     WhatIf(Change.ALLREDUCE_DOUBLE, 300.0, 270 / 300)))
+    row = next(line for line in plain(what_if_table(a, 80)).splitlines() if "2N workers" in line)
+    assert "350.0" in row and "×1.54 (77 %)" in row
+    assert a.what_if[0].throughput == pytest.approx(2 * 270 / 350)
+    lines = [line for line in plain(what_if_table(a, 80)).splitlines() if "×" in line]
+    assert "2N workers" in lines[1]  # ranked by throughput, above the change that keeps the ranks

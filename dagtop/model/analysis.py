@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from dagtop.model.change import Change
 from dagtop.model.dag import (
     ALLREDUCE,
     CATEGORIES,
@@ -21,7 +22,7 @@ from dagtop.model.dag import (
 from dagtop.model.replay import critical_nodes, critical_segments, durations, replay, shares
 from dagtop.model.snapshot import Collective, IterationAnalysis, RankRow, Segment, Straggler
 from dagtop.model.table import concat_ranges, run_starts
-from dagtop.model.whatif import PERFECT_OVERLAP, AlphaBeta, run_scenarios, scenarios, what_ifs
+from dagtop.model.whatif import AlphaBeta, run_scenarios, scenarios, what_ifs
 from instrument.wire import Event
 
 STRAGGLER_MIN_MS = 1.0
@@ -62,12 +63,13 @@ def analyse_dag(
     path = critical_segments(dag, start[0], end[0], origin)
     path_shares = shares(path)
     busy = _busy(dag)
-    straggler = _straggler(dag, end[0], measured_ms)
+    deviation = _deviation(dag, busy)
+    straggler = _straggler(dag, end[0], measured_ms, deviation)
     cases = scenarios(dag, straggler, comm, busy)
     predicted = run_scenarios(dag, cases, origin, busy)
     # Exposed communication is what the iteration would lose if the collectives were free: with one rank and
     # one bucket per layer that is exactly the seed paper's tc_start[1] + t_c[1] - (tb_start[1] + t_b[1]).
-    free_comm = next(ms for c, ms in zip(cases, predicted) if c.change == PERFECT_OVERLAP)
+    free_comm = next(ms for c, ms in zip(cases, predicted) if c.change is Change.PERFECT_OVERLAP)
     exposed_ns = max(predicted[0] - free_comm, 0.0) * 1e6
     comm_ns = float(dag.catsum[dag.kind == COLLECTIVE, ALLREDUCE].sum())
     overlap = 1.0 if comm_ns <= 0 else min(max(1.0 - exposed_ns / comm_ns, 0.0), 1.0)
@@ -89,7 +91,7 @@ def analyse_dag(
         straggler=straggler,
         exposed_comm_ms=exposed_ns / 1e6,
         overlap_ratio=overlap,
-        per_rank=_rows(dag, busy, straggler),
+        per_rank=_rows(dag, busy, deviation, straggler, origin),
         what_if=what_ifs(cases, predicted),
     )
 
@@ -109,7 +111,14 @@ def _busy(dag: IterationDag) -> dict[int, F64]:
     return out
 
 
-def _straggler(dag: IterationDag, end: F64, measured_ms: float) -> Straggler | None:
+def _deviation(dag: IterationDag, busy: dict[int, F64]) -> dict[int, float]:
+    """Rank → its busy ms (io + pcie + compute) minus the median of the other ranks' (0 for a lone rank)."""
+    work = {r: float(busy[r][_WORK].sum()) / 1e6 for r in dag.ranks}
+    return {r: w - statistics.median([x for q, x in work.items() if q != r]) if len(work) > 1 else 0.0
+            for r, w in work.items()}
+
+
+def _straggler(dag: IterationDag, end: F64, measured_ms: float, deviation: dict[int, float]) -> Straggler | None:
     """The rank the critical path jumps to at a collective, if it kept the others waiting long enough."""
     if len(dag.ranks) < 2:
         return None
@@ -132,7 +141,7 @@ def _straggler(dag: IterationDag, end: F64, measured_ms: float) -> Straggler | N
         excess = before[g] - np.median(np.stack([x for r, x in before.items() if r != g]), axis=0)
         excess[ALLREDUCE] = -np.inf  # waiting for a collective is not where time is lost
         k = int(np.argmax(excess))
-        return Straggler(g, CATEGORIES[k], float(max(excess[k], 0.0)) / 1e6)
+        return Straggler(g, CATEGORIES[k], float(max(excess[k], 0.0)) / 1e6, deviation[g])
     return None
 
 
@@ -152,22 +161,20 @@ def _before(dag: IterationDag, times: Mapping[int, int]) -> dict[int, F64]:
     return dict(zip(times, total))
 
 
-def _rows(dag: IterationDag, busy: dict[int, F64], straggler: Straggler | None) -> tuple[RankRow, ...]:
+def _rows(dag: IterationDag, busy: dict[int, F64], deviation: dict[int, float], straggler: Straggler | None,
+          origin: int) -> tuple[RankRow, ...]:
     t = dag.table
-    origin = np.array([dag.origin[r] for r in dag.ranks], dtype=np.int64)
-    last = origin.copy()
+    last = np.full(len(dag.ranks), origin, dtype=np.int64)
     if t.lanes:
         np.maximum.at(last, t.lane_rank, t.end[t.lane_hi - 1])
     it_ms = dict(zip(dag.ranks, ((last - origin) / 1e6).tolist()))
-    work = {r: float(busy[r][_WORK].sum()) / 1e6 for r in dag.ranks}
-    med = statistics.median(work.values()) if work else 0.0
     covered = _covered_ns(t.comm_rank_idx, t.comm_start, t.comm_end, len(dag.ranks)) / 1e6
     comm = dict(zip(dag.ranks, covered.tolist()))
     rows = []
     for r in dag.ranks:
         b = busy[r] / 1e6
         rows.append(RankRow(r, it_ms[r], float(b[CATEGORY_INDEX["io"]]), float(b[CATEGORY_INDEX["pcie"]]),
-                            float(b[CATEGORY_INDEX["compute"]]), comm[r], float(b[OTHER]), work[r] - med,
+                            float(b[CATEGORY_INDEX["compute"]]), comm[r], float(b[OTHER]), deviation[r],
                             straggler is not None and straggler.rank == r))
     return tuple(rows)
 

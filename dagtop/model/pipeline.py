@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from dagtop.model import verdict
 from dagtop.model.analysis import analyse
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
@@ -261,8 +262,11 @@ class Pipeline:
 
     def _insert(self, analysis: IterationAnalysis) -> None:
         keys = [a.iteration for a in self._analyses]
-        self._analyses.insert(bisect.bisect(keys, analysis.iteration), analysis)
+        at = bisect.bisect(keys, analysis.iteration)
+        self._analyses.insert(at, analysis)
         self._tasks_kept += len(analysis.tasks)
+        # The steady verdict of this iteration and of any after it (a late re-analysis) follows from the one before.
+        self._analyses[at:] = verdict.fold(self._analyses, at)
         if self.window is not None:
             while len(self._analyses) > self.window:
                 old = self._analyses.pop(0)

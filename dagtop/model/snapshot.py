@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from dagtop.model.change import Change
+
 CATEGORIES = ("compute", "io", "pcie", "allreduce", "other")
 
 
@@ -73,16 +75,32 @@ class Straggler:
     rank: int
     category: str
     excess_ms: float
-    """Its time in ``category`` minus the median rank's, per iteration."""
+    """Its time in ``category`` before the gated bucket was ready, minus the other ranks' median: what the
+    'straggler at median' what-if takes away."""
+    busy_excess_ms: float = 0.0
+    """Its busy time (io + pcie + compute) minus the other ranks' median: its ``RankRow.deviation_ms``, the one
+    figure the screen shows for it."""
 
 
 @dataclass(frozen=True, slots=True)
 class WhatIf:
     """The model's prediction for one change."""
 
-    change: str
+    change: Change
     iteration_ms: float
     speedup: float
+    """Iteration time now over iteration time with the change (above 1: faster iterations)."""
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second with the change over samples per second now: the speedup times the worker count,
+        since every rank keeps its batch (``2N workers`` at 350 ms against 270 ms now: ×1.54)."""
+        return self.speedup * self.change.workers
+
+    @property
+    def efficiency(self) -> float:
+        """Throughput gained per worker added: the throughput over the worker count (1 for a perfect scale-out)."""
+        return self.throughput / self.change.workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +109,8 @@ class RankRow:
 
     rank: int
     iteration_ms: float
+    """From the iteration's start (the latest previous-iteration end across ranks) to this rank's last task end:
+    never more than the iteration's measured time."""
     io_ms: float
     pcie_ms: float
     compute_ms: float
@@ -98,9 +118,35 @@ class RankRow:
     """Wall time with at least one of the rank's buckets in flight (ready to done, waiting included)."""
     other_ms: float
     deviation_ms: float
-    """Busy time (io + pcie + compute) minus the median rank's. In synchronous SGD every rank's iteration takes
-    the same wall time, the early ones waiting in a collective: the difference shows in the work done."""
+    """Busy time (io + pcie + compute) minus the median of the other ranks'. In synchronous SGD every rank's
+    iteration takes the same wall time, the early ones waiting in a collective: the difference shows in the work
+    done. Against the others (not all ranks, itself included) so that with two ranks the straggler's figure is
+    the whole difference, as in its verdict, not half of it."""
     straggler: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyStraggler:
+    """A rank consistently last to the collectives over the steady verdict's window."""
+
+    rank: int
+    category: str
+    """Where it lost the time most often."""
+    late: int
+    """Iterations of the window in which it was the straggler."""
+    busy_excess_ms: float
+    """Median over those iterations of its busy time minus the other ranks' median (the ranks table's Δ busy)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyVerdict:
+    """What held the job back over the last ``iterations`` complete iterations (see :mod:`dagtop.model.verdict`)."""
+
+    iterations: int
+    bottleneck: str
+    share: float
+    """The bottleneck's fraction of the window's critical-path time."""
+    straggler: SteadyStraggler | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +175,8 @@ class IterationAnalysis:
     """Fraction of all-reduce time hidden under computation (1 = fully overlapped)."""
     per_rank: tuple[RankRow, ...]
     what_if: tuple[WhatIf, ...]
+    steady: SteadyVerdict | None = None
+    """The steady verdict as of this iteration: set by the pipeline, which sees the iterations before it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagtop.model.analysis import model_error, segments_ms
+from dagtop.model.change import Change
 from dagtop.model.dag import CATEGORIES
 from dagtop.model.snapshot import IterationAnalysis
-from dagtop.model.whatif import STRAGGLER_AT_MEDIAN
 
 STRAGGLER_MAJORITY = 0.5
 """A rank is the job's straggler when it was flagged in more than this fraction of the analysed iterations."""
@@ -58,11 +58,12 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
                 "rank": rank,
                 "category": Counter(s.category for s in mine).most_common(1)[0][0],
                 "excess_ms": statistics.median(s.excess_ms for s in mine),
+                "busy_excess_ms": statistics.median(s.busy_excess_ms for s in mine),
             }
-    changes: dict[str, list[float]] = {}
+    changes: dict[Change, list[float]] = {}
     for a in complete:
         for w in a.what_if:
-            if w.change == STRAGGLER_AT_MEDIAN and (
+            if w.change is Change.STRAGGLER_AT_MEDIAN and (
                 straggler is None or a.straggler is None or a.straggler.rank != straggler["rank"]
             ):
                 continue  # only where the job's straggler was the iteration's
@@ -70,7 +71,9 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
     what_if = []
     for change, values in changes.items():
         ms = statistics.median(values)
-        what_if.append({"change": change, "iteration_ms": ms, "speedup": predicted / ms if ms > 0 else None,
+        speedup = predicted / ms if ms > 0 else None
+        what_if.append({"change": change.value, "iteration_ms": ms, "speedup": speedup, "workers": change.workers,
+                        "throughput": speedup * change.workers if speedup is not None else None,
                         "iterations": len(values)})
     return {
         "ranks": max(len(a.ranks) for a in complete),

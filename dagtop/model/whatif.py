@@ -6,16 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dagtop.model.change import Change
 from dagtop.model.dag import ALLREDUCE, CATEGORIES, CATEGORY_INDEX, F64, IterationDag
 from dagtop.model.replay import durations, replay
 from dagtop.model.snapshot import Straggler, WhatIf
-
-ALLREDUCE_HALF = "all-reduce ×0.5"
-ALLREDUCE_DOUBLE = "all-reduce ×2"
-PERFECT_OVERLAP = "perfect overlap"
-IO_HIDDEN = "I/O hidden"
-STRAGGLER_AT_MEDIAN = "straggler at median"
-DOUBLE_WORKERS = "2N workers"
 
 _MAX_SIZES = 64
 
@@ -87,7 +81,7 @@ class CommFit:
 class Scenario:
     """One change: category multipliers per rank (and for the collectives), optional collective durations."""
 
-    change: str
+    change: Change
     scale: F64
     collective_ns: dict[int, float] | None = None
 
@@ -105,23 +99,23 @@ def scenarios(
         return s
 
     out = [
-        Scenario("identity", one),
-        Scenario(ALLREDUCE_HALF, scaled(slice(None), ALLREDUCE, 0.5)),
-        Scenario(ALLREDUCE_DOUBLE, scaled(slice(None), ALLREDUCE, 2.0)),
-        Scenario(PERFECT_OVERLAP, scaled(rows - 1, ALLREDUCE, 0.0)),
-        Scenario(IO_HIDDEN, scaled(slice(None), CATEGORY_INDEX["io"], 0.0)),
+        Scenario(Change.IDENTITY, one),
+        Scenario(Change.ALLREDUCE_HALF, scaled(slice(None), ALLREDUCE, 0.5)),
+        Scenario(Change.ALLREDUCE_DOUBLE, scaled(slice(None), ALLREDUCE, 2.0)),
+        Scenario(Change.PERFECT_OVERLAP, scaled(rows - 1, ALLREDUCE, 0.0)),
+        Scenario(Change.IO_HIDDEN, scaled(slice(None), CATEGORY_INDEX["io"], 0.0)),
     ]
     if straggler is not None and straggler.category in CATEGORY_INDEX:
         c = CATEGORY_INDEX[straggler.category]
         own = busy[straggler.rank][c]
         if own > 0:
             target = max(own - straggler.excess_ms * 1e6, 0.0)
-            out.append(Scenario(STRAGGLER_AT_MEDIAN, scaled(dag.ranks.index(straggler.rank), c, target / own)))
+            out.append(Scenario(Change.STRAGGLER_AT_MEDIAN, scaled(dag.ranks.index(straggler.rank), c, target / own)))
     p = len(dag.ranks)
     if comm is not None and p > 1 and dag.collectives:
         extra = {c.node: (comm.seconds(2 * p, c.bytes) - comm.seconds(p, c.bytes)) * 1e9 for c in dag.collectives}
         new = {v: max(float(dag.catsum[v, ALLREDUCE]) + d, 0.0) for v, d in extra.items()}
-        out.append(Scenario(DOUBLE_WORKERS, one, new))
+        out.append(Scenario(Change.DOUBLE_WORKERS, one, new))
     return out
 
 
@@ -141,7 +135,7 @@ def run_scenarios(dag: IterationDag, cases: list[Scenario], origin_ns: int, busy
     _, end = replay(dag, dur)
     out = [(float(f) - origin_ns) / 1e6 for f in end.max(axis=1)]
     for i, case in enumerate(cases):
-        if case.change == IO_HIDDEN and busy:
+        if case.change is Change.IO_HIDDEN and busy:
             loader = max(float(b[CATEGORY_INDEX["io"]]) for b in busy.values())
             out[i] = max(out[i], loader / 1e6)
     return out

@@ -1,48 +1,72 @@
-"""The one-line verdict for an iteration and its critical path as a proportional bar."""
+"""The headline verdict (the steady one over recent iterations, then the latest) and the critical-path bar."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
-from typing import NamedTuple
-
 from rich.text import Text
 
-from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.snapshot import IterationAnalysis, SteadyVerdict
 from dagtop.ui.palette import STRAGGLER_COLOUR, colour, label
 
 
-def verdict_line(analysis: IterationAnalysis) -> str:
-    """``all-reduce on the critical path 46 % · exposed 38 ms · straggler rank 3 (io +21 ms)``."""
-    share = analysis.shares.get(analysis.bottleneck, 0.0)
-    parts = [f"{label(analysis.bottleneck)} on the critical path {share * 100:.0f} %",
-             f"exposed {analysis.exposed_comm_ms:.0f} ms"]
-    s = analysis.straggler
-    parts.append(f"straggler rank {s.rank} ({label(s.category)} {s.excess_ms:+.0f} ms)" if s else "no straggler")
-    if not analysis.complete:
-        parts.insert(0, "incomplete: a rank's events are missing")
-    return " · ".join(parts)
+NARROW = 100
+"""Below this many columns the headline uses its short form, so that the straggler's count still fits."""
 
 
-def verdict_text(analysis: IterationAnalysis) -> Text:
-    """:func:`verdict_line` with the bottleneck in its colour and the straggler in red."""
+def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: int = NARROW) -> Text:
+    """What held over the recent window first, then the iteration on screen::
+
+        io on the critical path 78 % (last 20) · straggler rank 1 (io +122 ms, late 18/20) │ it 55: io 81 % · …
+
+    Before there is a window (fewer than two iterations) the iteration's own verdict leads. The straggler's
+    figure is its busy time over the other ranks' median, the ranks table's Δ busy. Narrower than ``NARROW``::
+
+        io 78 % of critical path (last 20) · straggler rank 1 late 18/20 (io +122 ms) │ it 55: …
+    """
     text = Text()
     if not analysis.complete:
         text.append("incomplete: a rank's events are missing", style=STRAGGLER_COLOUR)
         text.append(" · ")
-    share = analysis.shares.get(analysis.bottleneck, 0.0)
-    text.append(label(analysis.bottleneck), style=f"bold {colour(analysis.bottleneck)}")
-    text.append(f" on the critical path {share * 100:.0f} %", style="bold")
-    text.append(f" · exposed {analysis.exposed_comm_ms:.0f} ms · ")
-    s = analysis.straggler
-    if s is None:
+    now_share = analysis.shares.get(analysis.bottleneck, 0.0)
+    if steady is None:
+        text.append(label(analysis.bottleneck), style=f"bold {colour(analysis.bottleneck)}")
+        text.append(f" on the critical path {now_share * 100:.0f} %", style="bold")
+        text.append(f" · exposed {analysis.exposed_comm_ms:.0f} ms · ")
+        s = analysis.straggler
+        if s is None:
+            text.append("no straggler")
+        else:
+            _straggler(text, s.rank, s.category, s.busy_excess_ms, "")
+        return text
+    narrow = width < NARROW
+    text.append(label(steady.bottleneck), style=f"bold {colour(steady.bottleneck)}")
+    share = f"{steady.share * 100:.0f} %"
+    text.append(f" {share} of critical path" if narrow else f" on the critical path {share}", style="bold")
+    text.append(f" (last {steady.iterations})", style="bold")
+    text.append(" · ")
+    st = steady.straggler
+    if st is None:
         text.append("no straggler")
-    else:
-        text.append(f"straggler rank {s.rank}", style=f"bold {STRAGGLER_COLOUR}")
+    elif narrow:
+        text.append(f"straggler rank {st.rank} late {st.late}/{steady.iterations}", style=f"bold {STRAGGLER_COLOUR}")
         text.append(" (")
-        text.append(label(s.category), style=colour(s.category))
-        text.append(f" {s.excess_ms:+.0f} ms)")
+        text.append(label(st.category), style=colour(st.category))
+        text.append(f" {st.busy_excess_ms:+.0f} ms)")
+    else:
+        _straggler(text, st.rank, st.category, st.busy_excess_ms, f", late {st.late}/{steady.iterations}")
+    text.append(f" │ it {analysis.iteration}: ", style="dim")
+    text.append(label(analysis.bottleneck), style=colour(analysis.bottleneck))
+    text.append(f" {now_share * 100:.0f} % · exposed {analysis.exposed_comm_ms:.0f} ms", style="dim")
+    if analysis.straggler is not None:
+        text.append(f" · rank {analysis.straggler.rank} late", style="dim")
     return text
+
+
+def _straggler(text: Text, rank: int, category: str, busy_ms: float, tail: str) -> None:
+    """``straggler rank 1 (io +122 ms…)``: the rank in red, the category in its colour."""
+    text.append(f"straggler rank {rank}", style=f"bold {STRAGGLER_COLOUR}")
+    text.append(" (")
+    text.append(label(category), style=colour(category))
+    text.append(f" {busy_ms:+.0f} ms{tail})")
 
 
 def critical_path_bar(analysis: IterationAnalysis, width: int) -> Text:
@@ -73,55 +97,3 @@ def critical_path_bar(analysis: IterationAnalysis, width: int) -> Text:
     return text
 
 
-RECENT = 20
-"""Iterations the steady verdict looks back over: one iteration's verdict flickers where two categories are close."""
-
-
-class Recent(NamedTuple):
-    """The verdict over the last few iterations."""
-
-    category: str
-    """The category holding the most critical-path time."""
-    share: float
-    iterations: int
-    straggler: tuple[int, int] | None = None
-    """(rank, iterations it was the straggler in): the most frequent one, if any iteration had one."""
-
-
-def recent_bottleneck(analyses: Sequence[IterationAnalysis], upto: int, n: int = RECENT) -> Recent | None:
-    """The category holding the most critical-path time over the last ``n`` complete iterations up to ``upto``,
-    and the rank most often the straggler among them.
-
-    Iteration 0 (warm-up) is left out when there are others. None with fewer than two iterations.
-    """
-    chosen = [a for a in analyses if a.iteration <= upto and a.complete and a.measured_ms > 0]
-    chosen = ([a for a in chosen if a.iteration >= 1] or chosen)[-n:]
-    if len(chosen) < 2:
-        return None
-    totals: dict[str, float] = {}
-    for a in chosen:
-        for category, share in a.shares.items():
-            totals[category] = totals.get(category, 0.0) + share * a.measured_ms
-    whole = sum(totals.values())
-    if whole <= 0:
-        return None
-    category = max(totals, key=lambda c: totals[c])
-    late = Counter(a.straggler.rank for a in chosen if a.straggler is not None).most_common(1)
-    return Recent(category, totals[category] / whole, len(chosen), late[0] if late else None)
-
-
-def recent_text(recent: Recent | None) -> Text:
-    """`` · last 20: all-reduce 52 %`` and, if some iteration had a straggler, ``, rank 1 late 3/20``: a rank late
-    now and then is noise on a busy machine, a rank late every time is the thing to fix."""
-    if recent is None:
-        return Text("")
-    text = Text(f" · last {recent.iterations}: ", style="dim")
-    text.append(label(recent.category), style=colour(recent.category))
-    text.append(f" {recent.share * 100:.0f} %", style="dim")
-    if recent.straggler is not None:
-        rank, count = recent.straggler
-        steady = count * 2 > recent.iterations
-        text.append(", ", style="dim")
-        text.append(f"rank {rank} late {count}/{recent.iterations}",
-                    style=f"bold {STRAGGLER_COLOUR}" if steady else "dim")
-    return text

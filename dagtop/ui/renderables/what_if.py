@@ -1,4 +1,4 @@
-"""The what-if panel: the model's predicted iteration time and speedup for each change, best first."""
+"""The what-if panel: the model's predicted iteration time and throughput for each change, best first."""
 
 from __future__ import annotations
 
@@ -6,25 +6,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.change import Change
+from dagtop.model.snapshot import IterationAnalysis, WhatIf
 from dagtop.ui.palette import colour
-
-CHANGE_EXPLAINED: dict[str, str] = {
-    "all-reduce ×0.5": "every collective takes half as long (faster network, compression)",
-    "all-reduce ×2": "every collective takes twice as long (a slower or busier network)",
-    "perfect overlap": "communication entirely hidden under computation",
-    "I/O hidden": "data loading costs nothing on the critical path (prefetching, more workers)",
-    "straggler at median": "the straggler rank runs as fast as the median rank",
-    "2N workers": "twice the ranks: collectives cost more per the fitted α-β ring model",
-}
-"""What each of the model's changes means, for the details screen."""
-
-_CHANGE_CATEGORY = {"all-reduce": "allreduce", "perfect overlap": "allreduce", "I/O": "io", "straggler": "other",
-                    "2N": "allreduce"}
-
-
-def _category_of(change: str) -> str:
-    return next((c for prefix, c in _CHANGE_CATEGORY.items() if change.startswith(prefix)), "compute")
 
 
 def speedup_bar(speedup: float, width: int) -> Text:
@@ -33,25 +17,43 @@ def speedup_bar(speedup: float, width: int) -> Text:
     return Text("▇" * cells, style="green" if speedup > 1.005 else "dim")
 
 
+def efficiency_text(w: WhatIf) -> Text:
+    """`` (77 %)``: the share of perfect scaling, for a change that adds workers; empty otherwise."""
+    return Text(f" ({w.efficiency * 100:.0f} %)" if w.change.workers > 1 else "", style="dim")
+
+
+def throughput_text(w: WhatIf, with_efficiency: bool = True) -> Text:
+    """``×1.36``; with more workers also the scaling efficiency, ``×1.54 (77 %)``: per-iteration time alone
+    would read as "more GPUs make it slower" under weak scaling."""
+    text = Text(f"×{w.throughput:.2f}", style="bold green" if w.throughput > 1.05 else "")
+    if with_efficiency:
+        text.append_text(efficiency_text(w))
+    return text
+
+
 def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False) -> Table:
-    """Rows: now (measured and modelled), then each change by predicted speedup, best first."""
+    """Rows: now (measured and modelled), then each change by predicted throughput, best first."""
     table = Table(box=box.SIMPLE_HEAD, expand=True, padding=(0, 1), show_edge=False, pad_edge=False)
     table.add_column("change", no_wrap=True)
-    table.add_column("iter ms", justify="right", no_wrap=True)
-    table.add_column("speedup", justify="right", no_wrap=True)
-    bar_w = max(0, min(12, width - 40))
+    table.add_column("ms/it", justify="right", no_wrap=True)
+    table.add_column("throughput", justify="right", no_wrap=True)
+    narrow = width < 50  # the efficiency rides with the change's name, where the column has room for it
+    bar_w = max(0, min(12, width - 46))
     if bar_w:
         table.add_column("", no_wrap=True, width=bar_w)
     if explain:
         table.add_column("what it means", overflow="fold")
-    now = [Text("now (model)", style="bold"), f"{analysis.predicted_ms:.1f}", "×1.00"]
-    table.add_row(*now, *([""] if bar_w else []), *(["measured " + f"{analysis.measured_ms:.1f} ms"] if explain else []))
-    for w in sorted(analysis.what_if, key=lambda w: -w.speedup):
-        cells: list[Text | str] = [Text(w.change, style=colour(_category_of(w.change))), f"{w.iteration_ms:.1f}",
-                                   Text(f"×{w.speedup:.2f}", style="bold green" if w.speedup > 1.05 else "")]
+    now = [Text(str(Change.IDENTITY), style="bold"), f"{analysis.predicted_ms:.1f}", "×1.00"]
+    table.add_row(*now, *([""] if bar_w else []),
+                  *([f"measured {analysis.measured_ms:.1f} ms; {Change.IDENTITY.assumption}"] if explain else []))
+    for w in sorted(analysis.what_if, key=lambda w: -w.throughput):
+        change = Text(str(w.change), style=colour(w.change.category))
+        if narrow:
+            change.append_text(efficiency_text(w))
+        cells: list[Text | str] = [change, f"{w.iteration_ms:.1f}", throughput_text(w, not narrow)]
         if bar_w:
-            cells.append(speedup_bar(w.speedup, bar_w))
+            cells.append(speedup_bar(w.throughput, bar_w))
         if explain:
-            cells.append(CHANGE_EXPLAINED.get(w.change, ""))
+            cells.append(w.change.assumption)
         table.add_row(*cells)
     return table

@@ -1,4 +1,4 @@
-"""The verdict: one line naming what holds the iteration back, the critical-path bar and the legend."""
+"""The verdict: the headline naming what holds the job back, the critical-path bar and the legend."""
 
 from __future__ import annotations
 
@@ -6,19 +6,19 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from dagtop.ui.palette import legend
-from dagtop.ui.renderables.verdict import critical_path_bar, recent_bottleneck, recent_text, verdict_text
+from dagtop.ui.renderables.verdict import critical_path_bar, headline
 from dagtop.ui.view import View
 from dagtop.ui.widgets.panel import Panel
 
 
 class Verdict(Panel):
-    """Three lines: verdict (and the steady one over recent iterations), critical path in proportion, legend."""
+    """Three lines: the headline (steady over recent iterations, then the one on screen), the iteration's critical
+    path in proportion, the legend with its shares."""
 
     def draw(self, view: View) -> RenderableType:
         a = view.analysis
         assert a is not None
-        line = verdict_text(a)
-        line.append_text(recent_text(recent_bottleneck(view.snapshot.iterations, a.iteration)))
+        line = headline(a.steady, a, self.content_size.width)
         line.no_wrap, line.overflow = True, "ellipsis"  # one line always: the bar and the legend keep their rows
         return Group(line, critical_path_bar(a, self.content_size.width), legend(dict(a.shares)))
 

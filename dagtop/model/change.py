@@ -1,0 +1,58 @@
+"""The what-if changes the model answers, each with its category, its worker count and what it assumes."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Change(str, Enum):
+    """One what-if change. The value is the label the screen, the report and its JSON use."""
+
+    IDENTITY = "now (model)"
+    ALLREDUCE_HALF = "all-reduce ×0.5"
+    ALLREDUCE_DOUBLE = "all-reduce ×2"
+    PERFECT_OVERLAP = "perfect overlap"
+    IO_HIDDEN = "I/O hidden"
+    STRAGGLER_AT_MEDIAN = "straggler at median"
+    DOUBLE_WORKERS = "2N workers"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def category(self) -> str:
+        """The task category the change acts on (its colour on screen)."""
+        return _CATEGORY[self]
+
+    @property
+    def workers(self) -> int:
+        """How many times the job's ranks the change runs on: throughput scales by this over the iteration time."""
+        return 2 if self is Change.DOUBLE_WORKERS else 1
+
+    @property
+    def assumption(self) -> str:
+        """What the change means and what the model assumes to predict it."""
+        return _ASSUMPTION[self]
+
+
+_CATEGORY = {
+    Change.IDENTITY: "other",
+    Change.ALLREDUCE_HALF: "allreduce",
+    Change.ALLREDUCE_DOUBLE: "allreduce",
+    Change.PERFECT_OVERLAP: "allreduce",
+    Change.IO_HIDDEN: "io",
+    Change.STRAGGLER_AT_MEDIAN: "other",
+    Change.DOUBLE_WORKERS: "allreduce",
+}
+
+_ASSUMPTION = {
+    Change.IDENTITY: "the DAG replayed as measured: the model's own figure for this iteration",
+    Change.ALLREDUCE_HALF: "every collective takes half as long (faster network, compression); compute unchanged",
+    Change.ALLREDUCE_DOUBLE: "every collective takes twice as long (a slower or busier network)",
+    Change.PERFECT_OVERLAP: "communication entirely hidden under computation: the most overlap can buy",
+    Change.IO_HIDDEN: "data loading off the critical path (prefetching, more workers), never faster than "
+                      "one batch per iteration on the slowest loader",
+    Change.STRAGGLER_AT_MEDIAN: "the straggler's time in its category brought down to the other ranks' median",
+    Change.DOUBLE_WORKERS: "twice the ranks, the same batch per rank (weak scaling): compute unchanged, each "
+                           "collective longer by the fitted α-β ring model; throughput counts both halves",
+}
