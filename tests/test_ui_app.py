@@ -161,7 +161,7 @@ def _live_app(source: FakeLiveSource, now_ns: list[int], job: object = None) -> 
                     frame_interval_s=0.02)
 
 
-async def _until(pilot, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+async def _until(pilot, condition: Callable[[], bool], timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
     for _ in range(int(timeout_s / 0.02)):
         if condition():
             return

@@ -177,6 +177,7 @@ class DagtopApp(App[int]):
         how = "finished" if all(c == 0 for c in codes) else f"died (exit codes {codes})"
         self.job_exited = f"the demo job {how}" + (f" · log: {self.job_log}" if self.job_log else "")
         self.alert.say(self.job_exited)
+        self.status_bar.job_exited = True
 
     # ------------------------------------------------------------------ keys
 
@@ -250,8 +251,15 @@ def make_app(source: FrameSource, *, source_label: str | None = None, expected_r
     if source_label is None:
         path = getattr(getattr(source, "reader", None), "path", None)
         source_label = f"live {endpoint}" if source.live else f"replay {path}"
-    hint = (f"waiting for ranks to publish to {endpoint} — run them with DAGTOP_ENDPOINT={endpoint}"
-            if source.live and endpoint else "reading the recording…")
+    if not source.live:
+        hint = "reading the recording…"
+    elif job is not None:  # the demo started its own ranks: nothing for the user to run
+        ranks = f"{expected_ranks} " if expected_ranks else ""
+        hint = f"starting the {ranks}demo ranks (torch takes a few seconds to load)…"
+    elif endpoint:
+        hint = f"waiting for ranks to publish to {endpoint} — run them with DAGTOP_ENDPOINT={endpoint}"
+    else:
+        hint = "waiting for ranks to publish…"
     collector = Collector(source, pipeline, sampler, clock=clock, expected_ranks=expected_ranks)
     return DagtopApp(collector, source_label=source_label, live=source.live, job=job, job_log=job_log,
                      waiting_hint=hint, clock=clock, frame_interval_s=frame_interval_s)

@@ -49,18 +49,27 @@ def _column(stack: Sequence[tuple[str, float]], scale: float, rows: int) -> list
     return cells
 
 
+def bar_widths(bars: int, plot_w: int) -> list[int]:
+    """Widths of ``bars`` bars that fill ``plot_w`` cells exactly, each at least one cell, none two cells wider
+    than another (at most ``plot_w`` bars: pass no more)."""
+    if bars <= 0:
+        return []
+    return [(i + 1) * plot_w // bars - i * plot_w // bars for i in range(bars)]
+
+
 def history_lines(analyses: Sequence[IterationAnalysis], width: int, height: int,
                   selected: int | None = None) -> list[Text]:
-    """The chart as ``height`` lines: bars right-aligned (newest right), ms scale left, iteration numbers below.
+    """The chart as ``height`` lines: bars across the whole width (newest right), ms scale left, iteration
+    numbers below.
 
     Args:
-        analyses: oldest first; the newest that fit are drawn.
+        analyses: oldest first; the newest that fit (one cell each at least) are drawn, widened to fill the plot.
         selected: the iteration number marked with ``▲`` under its bar (the one the other panels show).
     """
     rows = max(height - 1, 1)
     plot_w = max(width - AXIS_WIDTH, 1)
-    bar_w = max(1, min(3, plot_w // max(len(analyses), 1)))
-    shown = list(analyses)[-(plot_w // bar_w):]
+    shown = list(analyses)[-plot_w:]
+    widths = bar_widths(len(shown), plot_w)
     # Iteration 0 pays for warm-up (allocator, DDP's bucket rebuild): it would flatten every other bar.
     steady = [a.measured_ms for a in shown if a.iteration >= WARM_UP] or [a.measured_ms for a in shown]
     peak = max(steady, default=0.0)
@@ -76,30 +85,33 @@ def history_lines(analyses: Sequence[IterationAnalysis], width: int, height: int
         else:
             axis = ""
         line = Text(axis.rjust(AXIS_WIDTH - 1)[: AXIS_WIDTH - 1] + "│", style="dim")
-        line.append(" " * (plot_w - len(shown) * bar_w))
+        line.append(" " * (plot_w - sum(widths)))
         cells: list[Cell] = []
-        for a, col in zip(shown, columns):
+        for a, col, bar_w in zip(shown, columns, widths):
             glyph, category = col[k]
             style = styles[(category, a.iteration == selected, selected is not None)]
             cells.extend([(glyph, style)] * bar_w)
         line.append_text(cells_to_text(cells))
         lines.append(line)
-    lines.append(_iteration_axis(shown, plot_w, bar_w, selected))
+    lines.append(_iteration_axis(shown, plot_w, widths, selected))
     return lines[:height]
 
 
-def _iteration_axis(shown: Sequence[IterationAnalysis], plot_w: int, bar_w: int, selected: int | None) -> Text:
+def _iteration_axis(shown: Sequence[IterationAnalysis], plot_w: int, widths: Sequence[int],
+                    selected: int | None) -> Text:
     cells = [" "] * plot_w
-    offset = plot_w - len(shown) * bar_w
+    offset = plot_w - sum(widths)
     if shown:
         first, last = f"it {shown[0].iteration}", f"{shown[-1].iteration}"
         cells[offset:offset + len(first)] = list(first)
         cells[plot_w - len(last):] = list(last)
-    for i, a in enumerate(shown):
+    start = offset
+    for a, bar_w in zip(shown, widths):
         if a.iteration == selected and a is not shown[-1]:
             mark = f"▲{a.iteration}"
-            at = min(offset + i * bar_w, plot_w - len(mark))
+            at = min(start, plot_w - len(mark))
             cells[at:at + len(mark)] = list(mark)
+        start += bar_w
     return Text(" " * AXIS_WIDTH + "".join(cells)[:plot_w], style="dim")
 
 

@@ -22,10 +22,10 @@ def visible_rows(rows: Sequence[RankRow], limit: int, focus_rank: int | None = N
     """The rows to draw in ``limit`` lines: all of them by rank when they fit, else the slowest first.
 
     Returns:
-        (rows, sorted_by_deviation). The focused rank is always kept.
+        (rows, sorted_by_deviation). The focused rank is always kept, and comes first.
     """
     if len(rows) <= limit:
-        return sorted(rows, key=lambda r: r.rank), False
+        return sorted(rows, key=lambda r: (r.rank != focus_rank, r.rank)), False
     slowest = sorted(rows, key=lambda r: (r.rank != focus_rank, not r.straggler, -r.deviation_ms, r.rank))
     return slowest[: max(limit, 1)], True
 
@@ -55,7 +55,10 @@ def rank_table(analysis: IterationAnalysis, height: int, width: int, focus_rank:
         deviation = Text(signed_ms(r.deviation_ms, 0 if tight else 1),
                          style=f"bold {STRAGGLER_COLOUR}" if r.straggler else "")
         # The straggler mark rides in the rank cell: a column of its own is the first one Rich squeezes away.
-        rank = Text("◀ " if r.straggler else "", style=f"bold {STRAGGLER_COLOUR}")
+        # Its colour goes on the mark's span alone: as the Text's own style it would colour every rank number.
+        rank = Text()
+        if r.straggler:
+            rank.append("◀ ", style=f"bold {STRAGGLER_COLOUR}")
         rank.append(str(r.rank), style=rank_style)
         fmt = "{:.0f}" if tight else "{:.1f}"
         table.add_row(rank, fmt.format(r.iteration_ms),

@@ -10,13 +10,22 @@ from dagtop.ui.palette import STRAGGLER_COLOUR
 _SEP = " │ "
 
 
+def job_ended(snapshot: Snapshot, live: bool, job_exited: bool = False) -> bool:
+    """True once nothing more will come: the job started for the demo exited, every rank that ever spoke said
+    goodbye, or the recording was read to its end. The last rate measured is then stale."""
+    if job_exited or snapshot.finished:
+        return True
+    return live and bool(snapshot.ranks) and not any(r.connected for r in snapshot.ranks)
+
+
 def status_text(snapshot: Snapshot, *, source: str, live: bool, lag_s: float | None, paused: bool,
-                shown_iteration: int | None) -> Text:
+                shown_iteration: int | None, job_exited: bool = False) -> Text:
     """One line; ``lag_s`` is None in replay, where lag means nothing.
 
     Args:
         source: ``live tcp://…`` or ``replay FILE``, as the user named it.
         shown_iteration: the iteration the panels show (an older one while paused and browsing).
+        job_exited: the job the screen started (``dagtop demo``) has exited.
     """
     text = Text()
     text.append("dagtop", style="bold")
@@ -35,7 +44,10 @@ def status_text(snapshot: Snapshot, *, source: str, live: bool, lag_s: float | N
         text.append(f"{_SEP}iteration {shown_iteration} of {latest}")
     else:
         text.append(f"{_SEP}iteration {latest}")
-    text.append(f"{_SEP}{snapshot.iterations_per_s:.1f} it/s")
+    if job_ended(snapshot, live, job_exited):
+        text.append(f"{_SEP}— it/s · {'job' if live else 'replay'} ended", style="bold")
+    else:
+        text.append(f"{_SEP}{snapshot.iterations_per_s:.1f} it/s")
     if lag_s is not None:
         text.append(f"{_SEP}lag {lag_s:.2f} s", style=STRAGGLER_COLOUR if lag_s > 2.0 else "")
     lost = Text(f"{_SEP}dropped {snapshot.dropped} · rejected {snapshot.rejected}")
@@ -45,6 +57,4 @@ def status_text(snapshot: Snapshot, *, source: str, live: bool, lag_s: float | N
         lost.append(f" · incomplete {snapshot.incomplete}")
     text.append_text(lost)
     text.append(f"{_SEP}{source}", style="dim")
-    if not live and snapshot.finished:
-        text.append(" (end)", style="dim")
     return text

@@ -81,37 +81,39 @@ def _paint(grid: _Grid, spans: Iterable[tuple[int, int, str, Style]]) -> Text:
 
 
 def _axis(grid: _Grid, total_ms: float) -> Text:
-    """Tick labels in ms every ~12 cells."""
-    cells = [" "] * grid.width
+    """Tick labels in ms every ~12 cells, then the unit: a label that would run into the unit is left out whole
+    (cut short, ``┊500`` would read ``┊50``)."""
+    unit = " ms" if grid.width > len(" ms") else ""
+    room = grid.width - len(unit)
+    cells = [" "] * room
     step_ms = _nice_step(total_ms * 12 / max(grid.width, 1))
     t = 0.0
     while True:
         c = int(t / total_ms * grid.width) if total_ms > 0 else 0
-        tick = f"┊{t:.0f}" if t else "0"
-        if c + len(tick) > grid.width:
+        tick = f"┊{round(t, 6):g}" if t else "0"  # rounded: 0.1 + 0.2 would print 0.30000000000000004
+        if c + len(tick) > room:
             break
         cells[c:c + len(tick)] = list(tick)
         t += step_ms
-    text = Text("".join(cells), style="dim")
-    unit = " ms"
-    if grid.width > len(unit):
-        text = text[: grid.width - len(unit)] + Text(unit, style="dim")
-    return text
+    return Text("".join(cells) + unit, style="dim")
 
 
 def _nice_step(raw: float) -> float:
-    for base in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000):
-        if base >= raw:
-            return float(base)
+    """The smallest round tick step (1, 2, 2.5 or 5 times a power of ten, in ms) of at least ``raw``."""
+    for exponent in range(-2, 7):
+        for mantissa in (1, 2, 2.5, 5):
+            if mantissa * 10.0**exponent >= raw:
+                return mantissa * 10.0**exponent
     return raw
 
 
 def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_rank: int | None = None) -> list[Row]:
     """The rows of the chart, at most ``height`` of them, each ``width - LABEL_WIDTH`` plot cells wide.
 
-    Ranks beyond the rows available are left out in this order of importance: the focused rank, the
-    straggler, the ranks the critical path runs on, then the lowest rank numbers. When every lane
-    of every rank cannot fit, each rank gets one row (its lanes overlaid).
+    The focused rank's rows come first, the others follow by rank number. Ranks beyond the rows available are
+    left out in this order of importance: the focused rank, the straggler, the ranks the critical path runs on,
+    then the lowest rank numbers. When every lane of every rank cannot fit, each rank gets one row (its lanes
+    overlaid).
     """
     plot_w = max(width - LABEL_WIDTH, 1)
     ends = [t.end_ns for t in analysis.tasks] + [s.end_ns for s in analysis.critical_path]
@@ -135,7 +137,8 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
     shown = ranks
     if not split and len(ranks) > budget:
         priority = sorted(ranks, key=lambda r: (r != focus_rank, r != straggler, r not in on_path, r))
-        shown = sorted(priority[: max(budget - 1, 1)])
+        shown = priority[: max(budget - 1, 1)]
+    shown = sorted(shown, key=lambda r: (r != focus_rank, r))  # the focused rank's rows first, the rest by rank
 
     critical_by_rank: dict[int | None, list[tuple[int, int, str]]] = {}
     for s in analysis.critical_path:

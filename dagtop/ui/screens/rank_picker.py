@@ -22,7 +22,7 @@ NO_FOCUS = "none"
 
 
 def rank_option(row: RankRow) -> Text:
-    text = Text(f"rank {row.rank:<4} {row.iteration_ms:8.1f} ms  busy {signed_ms(row.deviation_ms):>7} ms vs median")
+    text = Text(f"rank {row.rank:<4} {row.iteration_ms:8.1f} ms  busy {signed_ms(row.deviation_ms):>7} ms vs the others")
     if row.straggler:
         text.append("  ◀ straggler", style=f"bold {STRAGGLER_COLOUR}")
     return text

@@ -1,35 +1,76 @@
-"""The what-if details: every change the model replays, its predicted time and speedup, and what it means."""
+"""The what-if details: every change the model replays, its predicted time and throughput, and what it assumes."""
 
 from __future__ import annotations
 
-from rich.console import Group
+from typing import ClassVar
+
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Vertical
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from dagtop.model.change import Change
 from dagtop.model.snapshot import IterationAnalysis
+from dagtop.ui.palette import colour
 from dagtop.ui.renderables.what_if import what_if_table
+
+COLUMNS = (
+    ("ms/it", "the iteration time the model predicts with the change"),
+    ("throughput", ("samples/s with the change over samples/s now (×1.20: 20 % more); with more workers, in "
+                    "brackets, the share of perfect scaling")),
+)
+"""How to read the table's columns (the change is named in the first)."""
+
+
+def _grid() -> Table:
+    """Two columns: a name, and a meaning that wraps under itself."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    return grid
+
+
+class WhatIfDetails:
+    """A Rich renderable of the details at the width it is given (no App needed): the what-if table, how to read
+    it, then each change with what it means and what the model assumes to predict it."""
+
+    def __init__(self, analysis: IterationAnalysis) -> None:
+        self.analysis = analysis
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        a = self.analysis
+        intro = Text(f"Iteration {a.iteration}: measured {a.measured_ms:.1f} ms; the model replays its DAG in "
+                     f"{a.predicted_ms:.1f} ms. Each change is replayed on the same DAG, best first.", style="bold")
+        columns = _grid()
+        for name, meaning in COLUMNS:
+            columns.add_row(Text(name, style="bold"), meaning)
+        assumes = _grid()
+        assumes.add_row(Text(str(Change.IDENTITY), style="bold"), Change.IDENTITY.assumption)
+        for w in sorted(a.what_if, key=lambda w: -w.throughput):
+            assumes.add_row(Text(str(w.change), style=f"bold {colour(w.change.category)}"), w.change.assumption)
+        yield Group(intro, Text(""), what_if_table(a, options.max_width), Text(""), columns, Text(""),
+                    Text("What each change assumes", style="bold underline"), assumes, Text(""),
+                    Text("Every other task keeps its measured duration and order. Where communication shares cores "
+                         "with compute (gloo on CPU), less of it would also speed compute up: the real gain can be "
+                         "larger.", style="dim"),
+                    Text(""), Text("Press escape or w to close.", style="dim"))
 
 
 class WhatIfScreen(ModalScreen[None]):
-    """Modal over the iteration shown; escape, w or q closes it."""
+    """Modal over the iteration shown; escape, w or q closes it; ↑ ↓ scroll it on a short terminal."""
 
-    BINDINGS = [Binding("escape,w,q", "dismiss", "Close")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,w,q", "dismiss", "Close")]
 
     def __init__(self, analysis: IterationAnalysis) -> None:
         super().__init__()
         self.analysis = analysis
 
     def compose(self) -> ComposeResult:
-        a = self.analysis
-        intro = Text(f"What if… iteration {a.iteration}: measured {a.measured_ms:.1f} ms, the DAG model replays it "
-                     f"in {a.predicted_ms:.1f} ms; each change is replayed on the same DAG.\n", style="bold")
-        intro.append("Every other task keeps its measured duration. Where communication shares cores with compute "
-                     "(gloo on CPU), less of it would also speed compute up: the real gain can be larger.\n",
-                     style="dim")
-        with Vertical(id="what-if-box"):
-            yield Static(Group(intro, what_if_table(a, 100, explain=True),
-                               Text("\nPress escape or w to close.", style="dim")), id="what-if-text")
+        with VerticalScroll(id="what-if-box") as box:
+            box.border_title = f"what if… iteration {self.analysis.iteration}"
+            box.border_subtitle = "escape close · ↑ ↓ scroll"
+            yield Static(WhatIfDetails(self.analysis), id="what-if-text")

@@ -14,6 +14,8 @@ class StatusBar(Panel):
 
     lag_s: reactive[float | None] = reactive(None, layout=False)
     """Seconds from the newest frame's arrival to now; None in replay."""
+    job_exited: reactive[bool] = reactive(False, layout=False)
+    """The job the screen started (``dagtop demo``) has exited: no rate to show any more."""
 
     def __init__(self, source: str, live: bool, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
         super().__init__(id=id)
@@ -23,4 +25,5 @@ class StatusBar(Panel):
     def render(self) -> RenderableType:
         analysis = self.view.analysis
         return status_text(self.view.snapshot, source=self.source, live=self.live, lag_s=self.lag_s,
-                           paused=self.view.paused, shown_iteration=analysis.iteration if analysis else None)
+                           paused=self.view.paused, shown_iteration=analysis.iteration if analysis else None,
+                           job_exited=self.job_exited)
