@@ -164,13 +164,27 @@ def nvml_panel() -> dict[str, Any]:
     sampler()
     time.sleep(2.0)
     sample = sampler()
+    # What a rank itself sends (instrument/telemetry.py): its own GPU found by UUID, and what a sample costs the
+    # sampling thread (NVML's PCIe readings take 20 ms each, with the GIL released).
+    from instrument.telemetry import GpuProbe
+
+    probe = GpuProbe(torch.cuda.current_device())
+    note = probe.start()
+    started = time.perf_counter()
+    cpu_started = time.thread_time()
+    own = probe.sample()
+    took_ms, cpu_ms = (time.perf_counter() - started) * 1e3, (time.thread_time() - cpu_started) * 1e3
+    probe.close()
     stop.set()
     worker.join()
     sampler.close()
     text = telemetry_text(sample).plain
     say(text)
+    say(f"  the rank's own probe: {note or own} · {took_ms:.1f} ms wall, {cpu_ms:.2f} ms CPU on its thread")
     g = sample.gpus[0] if sample.gpus else None
-    return {"text": text, "gpu": None if g is None else {k: getattr(g, k) for k in g.__slots__}}
+    return {"text": text, "gpu": None if g is None else {k: getattr(g, k) for k in g.__slots__},
+            "rank_probe": {"note": note, "index": probe.index, "name": probe.name, "wall_ms": took_ms,
+                           "cpu_ms": cpu_ms, "util_percent": own.util_percent if own else None}}
 
 
 def cuda_graph_capture(relaxed: bool) -> dict[str, Any]:

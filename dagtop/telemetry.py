@@ -1,35 +1,43 @@
-"""Host and GPU telemetry of the monitor's machine: psutil and NVML sampled into frozen dataclasses.
+"""Host and GPU telemetry as the panel draws it: the job's, sent by its ranks, or else the monitor's own machine.
 
-No Textual here: the collector thread samples, the screen draws the frozen result. NVML is optional:
-without a GPU (or without its driver library) :class:`TelemetrySampler` says why in ``gpu_status``
-and keeps sampling the host.
+The ranks sample their hosts and GPUs themselves (``instrument/telemetry.py``) and send ``telemetry`` frames;
+:func:`job_nodes` turns each rank's latest frame into one :class:`Node` per host. Until a job sends any (a shim
+older than that frame), :class:`TelemetrySampler` samples the monitor's machine with psutil and NVML, and
+:func:`monitor_nodes` shows it as one node, labelled as the monitor's. No Textual here: the collector thread
+samples, the screen draws the frozen result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import psutil
 
+from instrument import wire
+
 
 @dataclass(frozen=True, slots=True)
 class HostSample:
-    """CPU, memory, disk and network of the monitor's host; rates are per second since the previous sample."""
+    """CPU, memory, disk and network of a host; rates are per second since the previous sample.
+
+    The monitor's own sample has every field; a job's host has CPU and memory only (None: not measured there).
+    """
 
     hostname: str
-    cpu_percent: float
-    cpus: int
-    mem_used_bytes: int
-    mem_total_bytes: int
-    disk_read_bytes_s: float
-    disk_write_bytes_s: float
-    net_rx_bytes_s: float
-    net_tx_bytes_s: float
+    cpu_percent: float | None
+    cpus: int | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    disk_read_bytes_s: float | None = None
+    disk_write_bytes_s: float | None = None
+    net_rx_bytes_s: float | None = None
+    net_tx_bytes_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +54,8 @@ class GpuSample:
     power_w: float | None
     sm_clock_mhz: int | None = None
     mem_clock_mhz: int | None = None
+    ranks: tuple[int, ...] = ()
+    """The job's ranks on this GPU (empty for the monitor's own GPUs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,62 @@ class TelemetrySample:
 
 Sampler = Callable[[], TelemetrySample]
 """Anything that returns a sample: the real :class:`TelemetrySampler` or a fake in tests."""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One host's block in the panel: its CPU and memory, its GPUs, and a line for ranks without GPU figures."""
+
+    hostname: str
+    host: HostSample | None
+    """None when no rank of the host sends host-wide figures (only local rank 0 does)."""
+    gpus: tuple[GpuSample, ...]
+    notes: tuple[str, ...] = ()
+    """Ranks without GPU figures and why ("r0–1 on CPU"), or why the monitor sees no GPU."""
+
+
+def rank_label(ranks: Sequence[int]) -> str:
+    """``r0``, ``r0,2``, ``r0–3``, ``r0–3,8–11``: runs of consecutive ranks as ranges."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return "r" + ",".join(str(a) if a == b else f"{a}–{b}" for a, b in runs)
+
+
+def job_nodes(telemetry: Sequence[wire.Telemetry]) -> tuple[Node, ...]:
+    """One node per host of the job from each rank's latest telemetry; ranks sharing a GPU share its line."""
+    hosts: dict[str, list[wire.Telemetry]] = {}
+    for t in telemetry:
+        hosts.setdefault(t.host, []).append(t)
+    nodes = []
+    for hostname in sorted(hosts):
+        ranks = sorted(hosts[hostname], key=lambda t: (t.local_rank, t.rank))
+        hw = next((t.host_stats for t in ranks if t.host_stats is not None), None)
+        host = None if hw is None else HostSample(hostname, hw.cpu_percent, hw.cpus, hw.mem_used, hw.mem_total)
+        on_gpu: dict[int, tuple[wire.GpuStats, list[int]]] = {}
+        without: dict[str, list[int]] = {}
+        for t in ranks:
+            if t.gpu is not None:
+                on_gpu.setdefault(t.gpu.index, (t.gpu, []))[1].append(t.rank)
+            else:
+                without.setdefault(t.note or "sent no GPU figures", []).append(t.rank)
+        gpus = tuple(
+            GpuSample(g.index, g.name, g.util_percent, g.mem_used, g.mem_total, g.pcie_tx, g.pcie_rx, g.power_w,
+                      ranks=tuple(sorted(on)))
+            for g, on in (on_gpu[i] for i in sorted(on_gpu)))
+        notes = tuple(f"{rank_label(on)} {note}" for note, on in without.items())
+        nodes.append(Node(hostname, host, gpus, notes))
+    return tuple(nodes)
+
+
+def monitor_nodes(sample: TelemetrySample) -> tuple[Node, ...]:
+    """The monitor's own machine as one node (the fallback while the job sends no telemetry)."""
+    hostname = sample.host.hostname if sample.host is not None else socket.gethostname()
+    notes = (sample.gpu_status or "no GPU",) if not sample.gpus else ()
+    return (Node(hostname, sample.host, sample.gpus, notes),)
 
 
 def _nvml_reason(exc: Exception) -> str:
@@ -94,10 +160,8 @@ class TelemetrySampler:
     def close(self) -> None:
         """Shut NVML down if it was started."""
         if self._nvml_ready and self._nvml is not None:
-            try:
+            with contextlib.suppress(Exception):  # shutting down a library that already failed is no error
                 self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - shutting down a library that already failed is no error
-                pass
         self._nvml_ready = False
 
     def _host(self) -> HostSample | None:

@@ -42,6 +42,9 @@ def attach(
             0 never.
         endpoint: where the monitor listens; default ``$DAGTOP_ENDPOINT`` or tcp://127.0.0.1:5555.
 
+    ``DAGTOP_TELEMETRY=0`` keeps the rank from sending its host and GPU telemetry (every 2 s, sampled on a
+    thread of its own; see instrument/telemetry.py).
+
     ``DAGTOP_DISABLE=1`` returns a :class:`NullTracer` with the same methods. If attaching fails, the
     failure is reported with one warning and a NullTracer is returned: training never stops for dagtop.
     """

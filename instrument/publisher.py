@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +70,8 @@ class Publisher:
         self.seq = 0
         self.iterations = 0
         self._buckets: list[wire.Bucket] | None = None
+        self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
+        """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dagtop-publisher", daemon=True)
         self._thread.start()
@@ -89,6 +92,12 @@ class Publisher:
     def put_buckets(self, buckets: list[wire.Bucket]) -> None:
         """The final bucket map; sent now and again with every hello."""
         self._queue.append(("buckets", buckets, None))
+
+    # ------------------------------------------------------------------ telemetry thread
+
+    def put_telemetry(self, sample: wire.Telemetry) -> None:
+        """The rank's latest telemetry (any seq); sent on the next turn of the publisher thread."""
+        self._telemetry.append(sample)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Flush what is queued, say bye, and stop; never waits more than ``timeout_s``."""
@@ -154,6 +163,9 @@ class Publisher:
                 self._resolver.calibrate()
                 last_calibration = now
             self._drain(sock, stopping)
+            if self._telemetry:
+                sample = self._telemetry.popleft()
+                self._send(sock, wire.encode_telemetry(dataclasses.replace(sample, seq=self.seq)))
             if stopping:
                 self._send(sock, wire.encode_bye(wire.Bye(self.seq, self.rank, self.iterations, self.dropped)))
                 return

@@ -146,6 +146,7 @@ class Tracer:
         self._events: list[tuple[Any, ...]] = []
         self._handles: list[Any] = []
         self._comm: Any = None
+        self._telemetry: Any = None
         self._blocks: Any = None
         self._layers: Any = None
         try:
@@ -153,6 +154,8 @@ class Tracer:
         except BaseException:
             with contextlib.suppress(Exception):
                 self._remove_hooks()
+            if self._telemetry is not None:
+                self._telemetry.close()
             if hasattr(self, "_publisher"):
                 self._publisher.close(0.0)
             raise
@@ -189,6 +192,15 @@ class Tracer:
         self._params = sum(p.numel() for p in module.parameters())
         self._model_name = model_name(module)
         self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda)
+        if os.environ.get("DAGTOP_TELEMETRY", "") != "0":
+            from instrument.telemetry import TelemetryThread
+
+            cuda_index = None
+            if self.device.type == "cuda":
+                cuda_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            self._telemetry = TelemetryThread(self._publisher.put_telemetry, rank=self.rank,
+                                              local_rank=self.local_rank, host=socket.gethostname(),
+                                              cuda_index=cuda_index)
         if ddp is not None:
             from instrument.comm import BucketTimer, time_buffer_sync
 
@@ -239,6 +251,8 @@ class Tracer:
         self._on = False
         atexit.unregister(self.close)
         self._remove_hooks()
+        if self._telemetry is not None:
+            self._telemetry.close()
         if not self._forked:
             self._publisher.close(CLOSE_TIMEOUT_S)
 
@@ -265,6 +279,8 @@ class Tracer:
         )
         with contextlib.suppress(Exception):
             self._remove_hooks()
+        if self._telemetry is not None:
+            self._telemetry.close()
         if not self._forked and hasattr(self, "_publisher"):
             self._publisher.close(0.0)
 

@@ -13,6 +13,11 @@ Frames (version 1):
              dropped}
 ``buckets`` {v, k, seq, rank, buckets: [[index, bytes, [parameter names]], ...]}
 ``bye``     {v, k, seq, rank, iterations, dropped}
+``telemetry`` {v, k, seq, rank, host, local_rank, mono_ns, note,
+             hw: nil | {cpu, cpus, mem_used, mem_total},
+             gpu: nil | {index, name, util, mem_used, mem_total, pcie_tx, pcie_rx, power_w}}
+            about every 2 s from a background thread; ``hw`` (host-wide) only from local rank 0, ``gpu``
+            from every rank on a GPU that NVML can read. Any figure may be nil: not measurable there.
 
 Times are ``time.perf_counter_ns()`` of the rank's host (CLOCK_MONOTONIC): comparable between
 processes of one host, not across hosts. ``dropped`` is the number of events or frames the
@@ -22,6 +27,7 @@ a rank has tried to send, so the monitor can count what the network lost.
 
 from __future__ import annotations
 
+import math
 import operator
 from array import array
 from collections.abc import Sequence
@@ -33,13 +39,16 @@ import msgpack
 from instrument.events import CATEGORIES, CATEGORY_CODE, LANE_CODE, LANES, PHASE_CODE, PHASES, Event, EventColumns
 
 __all__ = ["CATEGORIES", "LANES", "PHASES", "WIRE_VERSION", "Bucket", "Buckets", "Bye", "Event", "EventColumns",
-           "Frame", "Hello", "IterationBatch", "WireError", "decode", "encode"]
+           "Frame", "GpuStats", "Hello", "HostStats", "IterationBatch", "Telemetry", "WireError", "decode", "encode"]
 
 WIRE_VERSION: Final = 1
 
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
 MAX_NAME_CHARS: Final = 256
 MAX_EVENTS_PER_FRAME: Final = 1_000_000
+MAX_NOTE_CHARS: Final = 256
+MAX_RATE: Final = 1e15
+"""Bytes per second, watts: far above any real reading, low enough to refuse garbage."""
 _INT64_MAX: Final = 2**63 - 1
 
 
@@ -106,7 +115,54 @@ class Bye:
     dropped: int
 
 
-Frame = Union[Hello, IterationBatch, Buckets, Bye]
+@dataclass(frozen=True, slots=True)
+class HostStats:
+    """Host-wide figures of a rank's machine; None where the host does not offer one (no /proc)."""
+
+    cpu_percent: float | None
+    """All cores together, 0 to 100, over the interval since the previous sample."""
+    cpus: int | None
+    mem_used: int | None
+    """Bytes: total minus available."""
+    mem_total: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStats:
+    """The rank's own GPU as NVML reads it; None where the device does not support a figure."""
+
+    index: int
+    """NVML's index on its host: the number ``nvidia-smi`` shows, whatever CUDA_VISIBLE_DEVICES says."""
+    name: str
+    util_percent: float | None
+    mem_used: int | None
+    """Bytes."""
+    mem_total: int | None
+    pcie_tx: float | None
+    """Bytes per second the GPU sent over PCIe (NVML samples a 20 ms window)."""
+    pcie_rx: float | None
+    power_w: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """One rank's sample of its host and its GPU, sent about every 2 s."""
+
+    seq: int
+    rank: int
+    host: str
+    local_rank: int
+    mono_ns: int
+    """The rank's ``perf_counter_ns()`` when it sampled."""
+    host_stats: HostStats | None
+    """Only from local rank 0 of each host: one sender is enough."""
+    gpu: GpuStats | None
+    """None on a CPU rank, or when NVML is missing (``note`` says why)."""
+    note: str = ""
+    """Why figures are missing, worded to follow the rank: "on CPU", "no GPU figures: NVML library not found"."""
+
+
+Frame = Union[Hello, IterationBatch, Buckets, Bye, Telemetry]
 
 
 # --------------------------------------------------------------------------- encoding
@@ -165,6 +221,27 @@ def encode_bye(b: Bye) -> bytes:
     )
 
 
+def encode_telemetry(t: Telemetry) -> bytes:
+    h, g = t.host_stats, t.gpu
+    return _pack(
+        {
+            "v": WIRE_VERSION,
+            "k": "telemetry",
+            "seq": t.seq,
+            "rank": t.rank,
+            "host": t.host,
+            "local_rank": t.local_rank,
+            "mono_ns": t.mono_ns,
+            "note": t.note,
+            "hw": None if h is None else
+            {"cpu": h.cpu_percent, "cpus": h.cpus, "mem_used": h.mem_used, "mem_total": h.mem_total},
+            "gpu": None if g is None else
+            {"index": g.index, "name": g.name, "util": g.util_percent, "mem_used": g.mem_used,
+             "mem_total": g.mem_total, "pcie_tx": g.pcie_tx, "pcie_rx": g.pcie_rx, "power_w": g.power_w},
+        }
+    )
+
+
 def encode(frame: Frame) -> bytes:
     """Encode any frame."""
     if isinstance(frame, Hello):
@@ -175,6 +252,8 @@ def encode(frame: Frame) -> bytes:
         return encode_buckets(frame)
     if isinstance(frame, Bye):
         return encode_bye(frame)
+    if isinstance(frame, Telemetry):
+        return encode_telemetry(frame)
     raise TypeError(f"not a wire frame: {type(frame).__name__}")
 
 
@@ -197,6 +276,56 @@ def _str(m: dict[Any, Any], key: str, limit: int = MAX_NAME_CHARS) -> str:
     if len(value) > limit:
         raise WireError(f"field {key!r} is longer than {limit} characters")
     return value
+
+
+def _opt_int(m: dict[Any, Any], key: str, where: str) -> int | None:
+    value = m.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value <= _INT64_MAX:
+        raise WireError(f"{where}: field {key!r} must be nil or a non-negative integer, got {value!r:.40}")
+    return value
+
+
+def _opt_float(m: dict[Any, Any], key: str, where: str, hi: float = MAX_RATE) -> float | None:
+    value = m.get(key)
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= hi:
+        raise WireError(f"{where}: field {key!r} must be nil or a number in [0, {hi:g}], got {value!r:.40}")
+    return float(value)
+
+
+def _used_total(m: dict[Any, Any], where: str) -> tuple[int | None, int | None]:
+    used, total = _opt_int(m, "mem_used", where), _opt_int(m, "mem_total", where)
+    if used is not None and total is not None and used > total:
+        raise WireError(f"{where}: mem_used {used} exceeds mem_total {total}")
+    return used, total
+
+
+def _telemetry(m: dict[Any, Any], seq: int, rank: int) -> Telemetry:
+    note = m.get("note", "")
+    if not isinstance(note, str) or len(note) > MAX_NOTE_CHARS:
+        raise WireError(f"field 'note' must be a string of at most {MAX_NOTE_CHARS} characters")
+    hw, gpu = m.get("hw"), m.get("gpu")
+    host_stats = gpu_stats = None
+    if hw is not None:
+        if not isinstance(hw, dict):
+            raise WireError(f"field 'hw' must be nil or a map, got {type(hw).__name__}")
+        cpus = _opt_int(hw, "cpus", "hw")
+        if cpus is not None and not 1 <= cpus <= 1 << 20:
+            raise WireError(f"hw: field 'cpus' = {cpus} is out of range [1, {1 << 20}]")
+        host_stats = HostStats(_opt_float(hw, "cpu", "hw", 100.0), cpus, *_used_total(hw, "hw"))
+    if gpu is not None:
+        if not isinstance(gpu, dict):
+            raise WireError(f"field 'gpu' must be nil or a map, got {type(gpu).__name__}")
+        gpu_stats = GpuStats(
+            _int(gpu, "index", 0, 1 << 16), _str(gpu, "name"), _opt_float(gpu, "util", "gpu", 100.0),
+            *_used_total(gpu, "gpu"), _opt_float(gpu, "pcie_tx", "gpu"), _opt_float(gpu, "pcie_rx", "gpu"),
+            _opt_float(gpu, "power_w", "gpu"),
+        )
+    return Telemetry(seq, rank, _str(m, "host"), _int(m, "local_rank", 0, 1 << 20), _int(m, "mono_ns"),
+                     host_stats, gpu_stats, note)
 
 
 def _event(raw: Any, index: int) -> Event:
@@ -316,4 +445,6 @@ def decode(payload: bytes) -> Frame:
         return Buckets(seq, rank, tuple(buckets))
     if kind == "bye":
         return Bye(seq, rank, _int(m, "iterations"), _int(m, "dropped"))
+    if kind == "telemetry":
+        return _telemetry(m, seq, rank)
     raise WireError(f"unknown frame kind {kind!r}")

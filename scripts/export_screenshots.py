@@ -1,7 +1,8 @@
 """Render the README screenshots from the recorded fixtures: screenshots/<bottleneck>.svg (and .png with --png).
 
 The screen is the real app (``make_app``) replaying a fixture at full speed, so nothing depends on the clock;
-telemetry is not in recordings, so a frozen sample of the 2-core VM the fixtures were recorded on stands in.
+the fixtures were recorded before ranks sent telemetry frames, so a frozen sample of the 2-core VM they were
+recorded on stands in (the panel titles it as the monitor's own host).
 
     python scripts/export_screenshots.py [--png] [--size 120x36]
 

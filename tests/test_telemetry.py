@@ -1,14 +1,41 @@
-"""Telemetry: host counters from psutil, GPUs from NVML, and a clean message where there is no GPU."""
+"""Telemetry: the job's own (sampled in each rank, sent in band, recorded, replayed, drawn per host) and the
+monitor's machine (psutil and NVML) that stands in while a job sends none."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
+import socket
+import sys
+import time
 import types
+from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
+import msgpack
 import pynvml
 import pytest
 
-from dagtop.telemetry import TelemetrySampler
+from dagtop.cli import main
+from dagtop.model.pipeline import Pipeline
+from dagtop.model.synthetic import SyntheticJob, synthetic_frames
+from dagtop.record import record
+from dagtop.recording import RawFrame, RecordingWriter
+from dagtop.sources import FrameSource, RecordingSource
+from dagtop.telemetry import (
+    HostSample,
+    TelemetrySample,
+    TelemetrySampler,
+    job_nodes,
+    rank_label,
+)
+from dagtop.ui.app import make_app
+from dagtop.ui.renderables.telemetry import nodes_text, panel_text, panel_title
+from dagtop.ui.widgets.telemetry import Telemetry
+from instrument import telemetry as shim
+from instrument import wire
 
 
 def test_without_nvml_the_sampler_says_why_and_still_samples_the_host() -> None:
@@ -30,7 +57,7 @@ def test_real_pynvml_on_this_machine_never_raises() -> None:
 
 def test_host_rates_are_per_second_between_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     counters: dict[str, Any] = {"t": 0.0, "read": 0, "sent": 0}
-    import dagtop.telemetry as telemetry
+    from dagtop import telemetry
 
     monkeypatch.setattr(telemetry.psutil, "disk_io_counters",
                         lambda: types.SimpleNamespace(read_bytes=counters["read"], write_bytes=0))
@@ -94,3 +121,334 @@ def test_telemetry_module_does_not_pull_in_textual() -> None:
     code = "import dagtop.telemetry, sys; print('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# --------------------------------------------------------------------------- the job's own telemetry (issue #11)
+
+GIB = 2**30
+JOB_HOST = "gpu-node-7.cluster.example.org"
+"""Nothing like the machine the tests run on, nor like the fake monitor sample's "node0"."""
+
+
+def _monitor() -> TelemetrySample:
+    return TelemetrySample(HostSample("node0", 42.0, 16, 12 * GIB, 64 * GIB, 1.5e6, 2e5, 3e6, 4e6), (),
+                           "no NVIDIA GPU (NVML library not found)")
+
+
+def _sample(rank: int, host: str = JOB_HOST, local_rank: int | None = None, util: float = 97.0,
+            gpu: bool = True, note: str = "") -> wire.Telemetry:
+    local = rank if local_rank is None else local_rank
+    return wire.Telemetry(
+        0, rank, host, local, 1,
+        wire.HostStats(37.0, 96, 300 * GIB, 2000 * GIB) if local == 0 else None,
+        wire.GpuStats(local, "NVIDIA H100 80GB HBM3", util, 31 * GIB, 80 * GIB, 1.2e9, 3.4e9, 250.0) if gpu else None,
+        note)
+
+
+def with_telemetry(frames: list[RawFrame], every: int = 2, util: float | None = None) -> list[RawFrame]:
+    """``frames`` with each rank's telemetry after every ``every``-th iteration frame, seqs renumbered per rank as
+    one publisher numbers them; its GPU utilisation is ``util``, or the iteration number when None."""
+    out, seq = [], defaultdict(int)
+    for raw in frames:
+        frame = wire.decode(raw.payload)
+        batch: list[wire.Frame] = [frame]
+        if isinstance(frame, wire.IterationBatch) and frame.iteration % every == 0:
+            batch.append(_sample(frame.rank, util=float(frame.iteration) if util is None else util))
+        for f in batch:
+            out.append(RawFrame(raw.received_ns, wire.encode(dataclasses.replace(f, seq=seq[f.rank]))))
+            seq[f.rank] += 1
+    return out
+
+
+# ----------------------------------------------------------------- in the rank: /proc, NVML, the thread
+
+
+def _proc(tmp_path: Path, busy: int, idle: int, available_kb: int = 3_000_000) -> str:
+    (tmp_path / "stat").write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    (tmp_path / "meminfo").write_text(f"MemTotal: 8000000 kB\nMemFree: 1 kB\nMemAvailable: {available_kb} kB\n")
+    return str(tmp_path)
+
+
+def test_host_probe_reads_cpu_use_between_samples_and_memory_from_proc(tmp_path: Path) -> None:
+    probe = shim.HostProbe(_proc(tmp_path, busy=1000, idle=9000))
+    _proc(tmp_path, busy=1300, idle=9100)  # 300 busy of 400 jiffies since the probe started
+    stats = probe.sample()
+    assert stats is not None and stats.cpu_percent == pytest.approx(75.0)
+    assert (stats.mem_used, stats.mem_total) == ((8_000_000 - 3_000_000) * 1024, 8_000_000 * 1024)
+    assert probe.sample().cpu_percent is None  # type: ignore[union-attr]  # no time passed: no figure, no 0/0
+
+
+def test_host_probe_without_proc_gives_nothing_and_raises_nothing(tmp_path: Path) -> None:
+    assert shim.HostProbe(str(tmp_path / "absent")).sample() is None
+    (tmp_path / "stat").write_text("garbage\n")
+    (tmp_path / "meminfo").write_text("MemTotal: lots\n")
+    assert shim.HostProbe(str(tmp_path)).sample() is None
+
+
+class _RankNvml(_FakeNvml):
+    """Four GPUs on the host; their UUIDs say which is which."""
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetUUID(self, h: str) -> str:
+        return f"GPU-0000000{h[1]}-aaaa-bbbb-cccc-dddddddddddd"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes) -> str:
+        return f"h{uuid.decode()[11]}"
+
+    def nvmlDeviceGetIndex(self, h: str) -> int:
+        return int(h[1])
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
+        return types.SimpleNamespace(gpu=88)
+
+    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
+        return -5  # a driver's odd reading: dropped, not sent (the monitor would refuse the whole frame)
+
+
+def test_gpu_probe_finds_the_ranks_gpu_and_converts_nvml_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    probe = shim.GpuProbe(1, nvml=_RankNvml())
+    assert probe.start() == "" and probe.index == 2  # CUDA's device 1 is the host's GPU 2
+    stats = probe.sample()
+    assert stats == wire.GpuStats(2, "NVIDIA H100", 88.0, GIB, 80 * GIB, 1000 * 1024.0, 2000 * 1024.0, None)
+    sent = wire.decode(wire.encode(wire.Telemetry(0, 1, "h", 1, 1, None, stats)))
+    assert isinstance(sent, wire.Telemetry) and sent.gpu == stats
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd")
+    probe = shim.GpuProbe(0, nvml=_RankNvml())
+    assert probe.start() == "" and probe.index == 1
+
+
+def test_gpu_probe_prefers_the_uuid_torch_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA numbers devices fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; NVML by PCI bus: the UUID decides."""
+    props = types.SimpleNamespace(uuid="00000003-aaaa-bbbb-cccc-dddddddddddd")
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(get_device_properties=lambda i: props))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    probe = shim.GpuProbe(0, nvml=_RankNvml())
+    assert probe.start() == "" and probe.index == 3
+
+
+def test_gpu_probe_without_nvidia_ml_py_or_a_driver_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    assert shim.GpuProbe(0).start() == "no GPU figures: nvidia-ml-py not installed"
+    fails = types.SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(pynvml.NVMLError_LibraryNotFound()))
+    probe = shim.GpuProbe(0, nvml=fails)
+    assert probe.start() == "no GPU figures: NVML library not found" and probe.sample() is None
+
+
+def _collect(thread: shim.TelemetryThread, got: list[wire.Telemetry], n: int) -> None:
+    for _ in range(500):
+        if len(got) >= n or not thread.alive:
+            break
+        time.sleep(0.01)
+    thread.close()
+
+
+def test_the_thread_samples_host_wide_figures_on_local_rank_0_only(tmp_path: Path) -> None:
+    got: list[wire.Telemetry] = []
+    first = shim.TelemetryThread(got.append, rank=8, local_rank=0, host="n1", cuda_index=None, every_s=0.01,
+                                 first_after_s=0.0, host_probe=shim.HostProbe(_proc(tmp_path, 1, 1)))
+    _collect(first, got, 2)
+    other: list[wire.Telemetry] = []
+    second = shim.TelemetryThread(other.append, rank=9, local_rank=1, host="n1", cuda_index=None, every_s=0.01,
+                                  first_after_s=0.0)
+    _collect(second, other, 2)
+    assert len(got) >= 2 and got[0].host_stats is not None and got[0].host == "n1" and got[0].note == "on CPU"
+    assert len(other) >= 2 and all(t.host_stats is None and t.gpu is None and t.rank == 9 for t in other)
+
+
+def test_a_failing_probe_stops_telemetry_quietly(recwarn: pytest.WarningsRecorder) -> None:
+    class Broken(shim.HostProbe):
+        def sample(self) -> wire.HostStats | None:
+            raise PermissionError("/proc/stat")
+
+    got: list[wire.Telemetry] = []
+    thread = shim.TelemetryThread(got.append, rank=0, local_rank=0, host="n", cuda_index=None, every_s=0.01,
+                                  first_after_s=0.0, host_probe=Broken())
+    _collect(thread, got, 1)
+    thread._thread.join(2)
+    assert not got and not thread.alive and isinstance(thread.failure, PermissionError) and not recwarn.list
+
+
+# ----------------------------------------------------------------- the monitor: pipeline, report, record
+
+
+def test_the_pipeline_keeps_each_ranks_latest_telemetry_as_state_not_iterations() -> None:
+    plain = synthetic_frames(SyntheticJob(ranks=2), iterations=6)
+    frames = with_telemetry(plain)
+    alone, mixed = Pipeline(), Pipeline()
+    alone.feed(plain)
+    mixed.feed(frames[: len(frames) // 2])  # the replayed moment: half way
+    half = mixed.snapshot().telemetry
+    mixed.feed(frames[len(frames) // 2:])
+    alone.finish()
+    mixed.finish()
+    snap = mixed.snapshot()
+    assert [a.iteration for a in mixed.analyses()] == [a.iteration for a in alone.analyses()]
+    assert (snap.rejected, snap.dropped, snap.incomplete) == (0, 0, 0)
+    assert [(t.rank, t.host) for t in snap.telemetry] == [(0, JOB_HOST), (1, JOB_HOST)]
+    assert {t.gpu.util_percent for t in snap.telemetry} == {4.0}  # type: ignore[union-attr]  # the last sent
+    assert half and max(t.gpu.util_percent for t in half) < 4.0  # type: ignore[union-attr]
+    assert mixed.snapshot().telemetry is snap.telemetry  # unchanged: the same tuple, the panel need not redraw
+
+
+def test_malformed_or_foreign_telemetry_is_rejected_and_counted_never_raised() -> None:
+    frames = synthetic_frames(SyntheticJob(ranks=2), iterations=2)
+    bad = msgpack.unpackb(wire.encode(_sample(0)))
+    bad["hw"]["cpu"] = 250.0
+    pipeline = Pipeline()
+    pipeline.feed([*frames, RawFrame(frames[-1].received_ns, msgpack.packb(bad)),
+                   RawFrame(frames[-1].received_ns, wire.encode(dataclasses.replace(_sample(5), seq=99)))])
+    snap = pipeline.snapshot()
+    assert snap.rejected == 2 and "rank 5 is not below the world size 2" in (snap.last_rejection or "")
+    assert snap.telemetry == ()
+
+
+def _write(path: Path, frames: list[RawFrame]) -> Path:
+    with RecordingWriter(path) as writer:
+        for frame in frames:
+            writer.append(frame)
+    return path
+
+
+def test_report_ignores_telemetry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = synthetic_frames(SyntheticJob(ranks=2, slow_ranks=(1,)), iterations=8)
+    reports = []
+    for name, frames in (("plain", plain), ("telemetry", with_telemetry(plain, every=1))):
+        assert main(["report", str(_write(tmp_path / f"{name}.dagtop", frames)), "--json"]) == 0
+        out = capsys.readouterr()
+        assert "rejected" not in out.err
+        reports.append(json.loads(out.out))
+    assert reports[0] == reports[1] and reports[1]["rejected"] == 0 and reports[1]["dropped"] == 0
+
+
+class _Frames(FrameSource):
+    def __init__(self, frames: list[RawFrame]) -> None:
+        self._frames = frames
+
+    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
+        out, self._frames = self._frames[:5], self._frames[5:]
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return not self._frames
+
+
+def test_record_keeps_telemetry_frames_without_counting_them_as_iterations_or_rejections(tmp_path: Path) -> None:
+    frames = with_telemetry(synthetic_frames(SyntheticJob(ranks=2), iterations=6), every=1)
+    with RecordingWriter(tmp_path / "r.dagtop") as writer:
+        result = record(_Frames(frames), writer)
+    assert (result.frames, result.rejected, result.complete) == (len(frames), 0, 6)
+
+
+# ----------------------------------------------------------------- the panel
+
+
+def test_job_nodes_group_ranks_by_host_and_gpu() -> None:
+    job = [_sample(0), _sample(1), _sample(2, host="zz", local_rank=0, gpu=False, note="on CPU"),
+           _sample(3, host="zz", local_rank=1, gpu=False, note="on CPU"), dataclasses.replace(_sample(4), rank=4)]
+    a, b = job_nodes(job)
+    assert a.hostname == JOB_HOST and a.host is not None and a.host.cpu_percent == 37.0
+    assert [(g.index, g.ranks) for g in a.gpus] == [(0, (0,)), (1, (1,)), (4, (4,))]
+    assert b.gpus == () and b.notes == ("r2–3 on CPU",)
+    assert rank_label([0, 1, 2, 3, 8, 10, 11]) == "r0–3,8,10–11"
+
+
+# The telemetry panel's text area: 36 x 8 at 120 x 36, 27 x 3 at 80 x 24 (checked by the Pilot test below).
+WIDE, NARROW = (36, 8), (27, 3)
+
+
+@pytest.mark.parametrize("size", [WIDE, NARROW])
+def test_one_host_one_gpu_shows_its_figures_whole(size: tuple[int, int]) -> None:
+    lines = nodes_text(job_nodes([_sample(0)]), *size).plain.splitlines()
+    assert len(lines) <= size[1] and all(len(line) <= size[0] for line in lines)
+    assert lines[0] == ("gpu-node-7 CPU 37% mem 300/2000G" if size == WIDE else "gpu-node-7 CPU 37% mem 15%")
+    assert lines[1].startswith("GPU0 r0 97% 31/80G 250W")
+    assert lines[2].startswith("  pcie tx 1.2") and "rx 3.4" in lines[2]
+
+
+def test_two_hosts_of_eight_gpus_fit_the_wide_panel_gpu_by_gpu() -> None:
+    job = [_sample(r, host=f"node{r // 8}", local_rank=r % 8, util=90.0 + r % 8) for r in range(16)]
+    lines = nodes_text(job_nodes(job), *WIDE).plain.splitlines()
+    assert len(lines) == 8 and all(len(line) <= WIDE[0] for line in lines)
+    assert lines[0].startswith("node0 CPU 37%") and lines[4].startswith("node1 CPU 37%")
+    assert lines[1].startswith("GPU0 90% 31G  1 91% 31G") and "7 97% 31G" in lines[3]
+
+
+def test_many_hosts_shrink_to_a_line_each_then_are_counted() -> None:
+    job = [_sample(r, host=f"node{r // 8}", local_rank=r % 8) for r in range(64)]
+    wide = nodes_text(job_nodes(job), *WIDE).plain.splitlines()
+    assert wide[0] == "node0 CPU 37% · 8 GPUs 97%" and len(wide) == 8
+    narrow = nodes_text(job_nodes(job), *NARROW).plain.splitlines()
+    assert narrow == ["node0 CPU 37% · 8 GPUs 97%", "node1 CPU 37% · 8 GPUs 97%", "+6 more hosts"]
+    longer = [_sample(r, host=f"gpu-node-{r // 8}", local_rank=r % 8, util=90.0 + r % 8) for r in range(16)]
+    assert nodes_text(job_nodes(longer), *NARROW).plain.splitlines() == ["gpu-node-0 GPU 90–97%",
+                                                                          "gpu-node-1 GPU 90–97%"]
+
+
+def test_the_panel_says_whose_figures_it_shows() -> None:
+    assert panel_title([_sample(0), _sample(9, host="other")], _monitor()) == "telemetry · job · 2 hosts"
+    assert panel_title([], _monitor()) == "telemetry · this host (monitor)"
+    assert "node0" in panel_text([], _monitor(), live=True).plain  # the fallback: an older shim sends none
+    job = panel_text([_sample(0)], _monitor(), live=True).plain
+    assert "gpu-node-7" in job and "node0" not in job  # once the job sends its own, the monitor's is gone
+    assert "no telemetry from the job" in panel_text([], None, live=False).plain
+
+
+def _panel(app: Any) -> tuple[str, str, tuple[int, int]]:
+    widget = app.query_one(Telemetry)
+    return str(widget.border_title), widget.render().plain, (widget.size.width, widget.size.height)
+
+
+@pytest.mark.parametrize(("size", "panel"), [((120, 36), WIDE), ((80, 24), NARROW)])
+def test_a_replayed_recording_shows_the_jobs_telemetry_not_the_monitors(
+        tmp_path: Path, size: tuple[int, int], panel: tuple[int, int]) -> None:
+    path = _write(tmp_path / "job.dagtop", with_telemetry(synthetic_frames(SyntheticJob(ranks=2), iterations=6)))
+    # A sampler given even so (as the screenshot tests do): the job's telemetry wins over it.
+    app = make_app(RecordingSource(path, speed=0), sampler=_monitor, source_label="replay job.dagtop")
+
+    async def body() -> tuple[str, str, tuple[int, int]]:
+        async with app.run_test(size=size) as pilot:
+            for _ in range(200):
+                if app.shown.finished and app.query_one(Telemetry).job:
+                    break
+                await pilot.pause(0.05)
+            await pilot.pause()
+            return _panel(app)
+
+    title, text, shown = asyncio.run(body())
+    assert shown == panel
+    assert title == "telemetry · job · 1 host"
+    assert "gpu-node-7 CPU 37%" in text and "GPU0 r0 4% 31/80G 250W" in text  # as of the last frame: iteration 4
+    assert "node0" not in text and socket.gethostname().split(".")[0] not in text
+    assert all(len(line) <= panel[0] for line in text.splitlines()) and len(text.splitlines()) <= panel[1]
+
+
+def test_live_the_monitors_host_stands_in_until_the_job_sends_telemetry() -> None:
+    from test_ui_app import FakeLiveSource
+
+    source = FakeLiveSource()
+    app = make_app(source, sampler=_monitor, frame_interval_s=0.02)
+    frames = with_telemetry(synthetic_frames(SyntheticJob(ranks=2), iterations=4))
+
+    async def body() -> list[tuple[str, str, tuple[int, int]]]:
+        seen = []
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            seen.append(_panel(app))
+            source.push(frames)
+            for _ in range(200):
+                if app.query_one(Telemetry).job:
+                    break
+                await pilot.pause(0.02)
+            await pilot.pause()
+            seen.append(_panel(app))
+        return seen
+
+    before, after = asyncio.run(body())
+    assert before[0] == "telemetry · this host (monitor)" and "node0 CPU 42%" in before[1]
+    assert after[0] == "telemetry · job · 1 host" and "gpu-node-7" in after[1] and "node0" not in after[1]

@@ -118,9 +118,10 @@ _values = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(
     st.fixed_dictionaries(
-        {"v": st.just(1), "k": st.sampled_from(["hello", "iter", "buckets", "bye"])},
+        {"v": st.just(1), "k": st.sampled_from(["hello", "iter", "buckets", "bye", "telemetry"])},
         optional={"seq": _values, "rank": _values, "it": _values, "ev": _values, "dropped": _values,
-                  "world": _values, "buckets": _values, "iterations": _values},
+                  "world": _values, "buckets": _values, "iterations": _values, "host": _values,
+                  "local_rank": _values, "mono_ns": _values, "note": _values, "hw": _values, "gpu": _values},
     )
 )
 def test_structured_garbage_is_refused_not_crashed(m: dict[str, object]) -> None:
@@ -202,3 +203,80 @@ def test_every_spoiled_field_is_refused_as_the_event_schema_says(field: int, val
         wire.decode(_frame(ev=[good, spoiled, good]))
     edge = ["compute", "forward", "x" * wire.MAX_NAME_CHARS, "comm", 0, 2**63 - 1, 2**63 - 1]
     assert wire.decode(_frame(ev=[good, edge])).events[1] == wire.Event(*edge)  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- telemetry
+
+GIB = 2**30
+TELEMETRY = wire.Telemetry(
+    12, 3, "gpu-node-7", 3, 99_000,
+    wire.HostStats(37.5, 96, 300 * GIB, 2000 * GIB),
+    wire.GpuStats(3, "NVIDIA H100 80GB HBM3", 97.0, 31 * GIB, 80 * GIB, 1.2e9, 3.4e9, 251.5),
+)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        TELEMETRY,
+        wire.Telemetry(0, 1, "cpu-box", 1, 5, None, None, "on CPU"),
+        wire.Telemetry(4, 0, "n", 0, 5, wire.HostStats(None, None, None, None),
+                       wire.GpuStats(0, "", None, None, None, None, None, None),
+                       "no GPU figures: NVML library not found"),
+    ],
+)
+def test_telemetry_round_trips_with_any_figure_missing(frame: wire.Telemetry) -> None:
+    assert wire.decode(wire.encode(frame)) == frame
+
+
+def _telemetry(**fields: object) -> bytes:
+    """The TELEMETRY frame as a map, with ``fields`` replaced (``hw.cpu=...`` reaches into a nested map)."""
+    m = msgpack.unpackb(wire.encode(TELEMETRY))
+    for key, value in fields.items():
+        outer, _, inner = key.partition("__")
+        target = m[outer] if inner else m
+        name = inner or outer
+        if value is _MISSING:
+            target.pop(name, None)
+        else:
+            target[name] = value
+    return msgpack.packb(m, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (_telemetry(host=_MISSING), "field 'host' must be a string"),
+        (_telemetry(host="h" * 300), "longer than"),
+        (_telemetry(local_rank=-1), "'local_rank' = -1 is out of range"),
+        (_telemetry(mono_ns=1.5), "'mono_ns' must be an integer"),
+        (_telemetry(note=7), "'note' must be a string"),
+        (_telemetry(note="x" * 300), "'note' must be a string of at most"),
+        (_telemetry(hw=[1, 2]), "'hw' must be nil or a map"),
+        (_telemetry(hw__cpu=101.0), "hw: field 'cpu' must be nil or a number in [0, 100]"),
+        (_telemetry(hw__cpu=float("nan")), "hw: field 'cpu'"),
+        (_telemetry(hw__cpu=True), "hw: field 'cpu'"),
+        (_telemetry(hw__cpu="37"), "hw: field 'cpu'"),
+        (_telemetry(hw__cpus=0), "'cpus' = 0 is out of range"),
+        (_telemetry(hw__mem_used=-1), "hw: field 'mem_used' must be nil or a non-negative integer"),
+        (_telemetry(hw__mem_used=3000 * GIB), "hw: mem_used 3221225472000 exceeds mem_total"),
+        (_telemetry(gpu="H100"), "'gpu' must be nil or a map"),
+        (_telemetry(gpu__index=_MISSING), "field 'index' must be an integer"),
+        (_telemetry(gpu__name=7), "field 'name' must be a string"),
+        (_telemetry(gpu__util=-3.0), "gpu: field 'util'"),
+        (_telemetry(gpu__pcie_tx=float("inf")), "gpu: field 'pcie_tx'"),
+        (_telemetry(gpu__power_w=1e300), "gpu: field 'power_w'"),
+        (_telemetry(gpu__mem_used=81 * GIB), "gpu: mem_used"),
+        (_telemetry(v=2), "version 2"),
+        (_telemetry(rank="3"), "'rank' must be an integer"),
+    ],
+)
+def test_malformed_telemetry_is_refused_with_a_reason(payload: bytes, reason: str) -> None:
+    with pytest.raises(wire.WireError) as refused:
+        wire.decode(payload)
+    assert reason in str(refused.value)
+
+
+def test_telemetry_ignores_fields_it_does_not_know() -> None:
+    """A newer shim may add optional figures within version 1: an older monitor keeps what it knows."""
+    assert wire.decode(_telemetry(temperature=71, hw__swap_used=0, gpu__sm_clock=1980)) == TELEMETRY

@@ -86,6 +86,9 @@ class Pipeline:
         self._received_ns = 0
         self._finished = False
         self._snapshot: Snapshot | None = None
+        self._telemetry: dict[int, wire.Telemetry] = {}
+        """Rank → its latest telemetry frame (host and GPU): state, kept whole, never an iteration."""
+        self._telemetry_shown: tuple[wire.Telemetry, ...] = ()
 
     # ------------------------------------------------------------------ feeding
 
@@ -157,6 +160,8 @@ class Pipeline:
         elif isinstance(frame, wire.Bye):
             state.bye = frame
             state.dropped_in_band = max(state.dropped_in_band, frame.dropped)
+        elif isinstance(frame, wire.Telemetry):
+            self._telemetry[frame.rank] = frame
 
     @staticmethod
     def _new_seq(state: _RankState, seq: int) -> bool:
@@ -315,7 +320,16 @@ class Pipeline:
             received_ns=self._received_ns,
             finished=self._finished,
             notes=tuple(notes),
+            telemetry=self._latest_telemetry(),
         )
+
+    def _latest_telemetry(self) -> tuple[wire.Telemetry, ...]:
+        """Every rank's latest telemetry by host then rank; the same tuple until one changes (the panel redraws
+        on a new one)."""
+        latest = tuple(sorted(self._telemetry.values(), key=lambda t: (t.host, t.rank)))
+        if latest != self._telemetry_shown:
+            self._telemetry_shown = latest
+        return self._telemetry_shown
 
     def _rank_info(self, rank: int, s: _RankState) -> RankInfo:
         h = s.hello

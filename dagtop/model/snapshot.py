@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dagtop.model.change import Change
+from instrument.wire import Telemetry
 
 CATEGORIES = ("compute", "io", "pcie", "allreduce", "other")
 
@@ -219,6 +220,9 @@ class Snapshot:
     """The source will send nothing more (a recording read to its end)."""
     notes: tuple[str, ...] = field(default=())
     """Plain-language remarks for the user (e.g. the clock-offset estimate across hosts)."""
+    telemetry: tuple[Telemetry, ...] = field(default=())
+    """Each rank's latest host and GPU telemetry as of the newest frame folded in, by host then rank (empty
+    when the ranks send none: a shim older than the telemetry frame)."""
 
     @property
     def latest(self) -> IterationAnalysis | None:

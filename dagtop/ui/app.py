@@ -102,12 +102,12 @@ class DagtopApp(App[int]):
             yield WhatIf(id="what-if")
         with Horizontal(id="bottom"):
             yield History(id="history")
-            yield Telemetry(id="telemetry")
+            yield Telemetry(id="telemetry", live=self.live)
         yield Footer()
 
     def on_mount(self) -> None:
         titles = {"ranks": "ranks", "history": "history · iteration time by critical-path category",
-                  "what-if": "what if… (w)", "telemetry": "telemetry · this host", "timeline": "timeline"}
+                  "what-if": "what if… (w)", "timeline": "timeline"}  # the telemetry panel titles itself
         for widget_id, title in titles.items():
             self.query_one(f"#{widget_id}").border_title = title
         # Held, not queried per tick: the frame timer may fire once more while the app tears its widgets down.
@@ -142,6 +142,8 @@ class DagtopApp(App[int]):
             telemetry = self.telemetry_panel
             if update.telemetry is not telemetry.sample:
                 telemetry.sample = update.telemetry
+            if update.snapshot.telemetry is not telemetry.job:  # the job's own, never frozen by a pause
+                telemetry.job = update.snapshot.telemetry
             if not self.paused and update.snapshot is not self.shown:
                 self.shown = update.snapshot
                 self._push_view()

@@ -39,7 +39,8 @@ class Collector:
     Args:
         source: live socket or recording.
         pipeline: the model; built with ``expected_ranks`` when None.
-        sampler: telemetry sampler (None: no telemetry).
+        sampler: the monitor's own machine, sampled only while the job sends no telemetry of its own (None: never,
+            as in replay).
         telemetry_every_s: how often to sample telemetry.
         publish_every_s: the fewest seconds between two snapshots (building one costs; the screen needs ~10/s).
         clock: monotonic ns, the same clock the live source stamps frames with (to give up on late ranks);
@@ -68,8 +69,9 @@ class Collector:
     def step(self) -> None:
         """One poll and fold; publishes when due. Call repeatedly from one thread."""
         now = time.monotonic_ns()
-        if self.sampler is not None and (self._last_telemetry_ns is None
-                                         or now - self._last_telemetry_ns >= self.telemetry_every_ns):
+        # The monitor's own machine stands in only until the job sends its telemetry.
+        if self.sampler is not None and not self.latest.snapshot.telemetry and (
+                self._last_telemetry_ns is None or now - self._last_telemetry_ns >= self.telemetry_every_ns):
             self._telemetry = self.sampler()
             self._last_telemetry_ns = now
             self._telemetry_new = True

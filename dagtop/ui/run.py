@@ -14,15 +14,20 @@ from dagtop.ui.app import make_app
 
 
 def _run(source: FrameSource, **kwargs: Any) -> int:
-    """Run the app on ``source`` and release the source and the telemetry afterwards."""
-    sampler = TelemetrySampler()
+    """Run the app on ``source`` and release the source and the telemetry afterwards.
+
+    Live, the monitor's machine stands in until the job's ranks send their own telemetry; a replay shows only
+    what the recording holds (the monitor's machine has nothing to do with the recorded job).
+    """
+    sampler = TelemetrySampler() if source.live else None
     try:
         app = make_app(source, sampler=sampler, **kwargs)
         app.run()
         return app.return_code or 0
     finally:
         source.close()
-        sampler.close()
+        if sampler is not None:
+            sampler.close()
 
 
 def _bind(endpoint: str) -> ZmqSource | None:
