@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         spread = f"{min(times) * 1e3:.1f}..{max(times) * 1e3:.1f}"
         estimated = cost * 1e-6 * events / plain * 100
         ratios = [(t / p - 1) * 100 for t, p in zip(times, plain_times)]
-        q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
         paired = f"{statistics.median(ratios):+.2f}% ({q1:+.2f}..{q3:+.2f})"
         print(f"  {mode:<22} {events:6.0f} {median * 1e3:10.2f} {spread:>14} {(median / plain - 1) * 100:+8.2f}% "
               f"{paired:>24} {estimated:+9.2f}%")

@@ -13,11 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import kineto_truth
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-import kineto_truth
 from gpu_common import Collector, dagtop_cli, median, report, say
 
 import instrument

@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run from a checkout
 
-from dagtop.sources import ZmqSource  # noqa: E402
-from instrument import wire  # noqa: E402
+from dagtop.sources import ZmqSource
+from instrument import wire
 
 DEV = torch.device("cuda", 0)
 
@@ -82,7 +82,7 @@ def iqr(xs: list[float]) -> tuple[float, float]:
 
 def dagtop_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dagtop.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
 def report(path: Path) -> dict[str, Any]:

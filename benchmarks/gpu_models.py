@@ -8,12 +8,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import kineto_truth
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-import kineto_truth
 from gpu_common import DEV, Collector, drain_monitor, iqr, median, say
+from torch import nn
 
 import instrument
 from dagtop.demo.launch import free_endpoint
@@ -369,6 +368,6 @@ def check_model(job: Job, out: Path, rounds: int, steps: int, compile_too: bool,
 class _CompiledJob(Job):
     """The same job, stepping through the compiled module."""
 
-    def __init__(self, job: Job, compiled: nn.Module) -> None:  # noqa: D107
+    def __init__(self, job: Job, compiled: nn.Module) -> None:
         self.__dict__.update(job.__dict__)
         self.model = compiled

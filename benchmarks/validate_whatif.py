@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from dagtop.demo.launch import DemoJob, free_endpoint, record_demo
-from dagtop.report import load, select
 from dagtop.model.summary import summarize
+from dagtop.report import load, select
 
 _HALF_BYTES = ("import torch.distributed as dist, instrument.comm as c\n"
                "def _half(state, bucket):\n"

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
-    return re.findall(r"```bash\n(.*?)\n```", text, flags=re.S)
+    return re.findall(r"```bash\n(.*?)\n```", text, flags=re.DOTALL)
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from typing import ClassVar
 
 from test_ui_helpers import fake_telemetry, fixture, wait_loaded
 
@@ -198,7 +199,7 @@ def test_pause_freezes_the_screen_while_collecting_goes_on_and_lag_is_monitor_no
 
 class DeadJob:
     running = False
-    returncodes = [1, 0]
+    returncodes: ClassVar[list[int]] = [1, 0]
 
 
 def test_a_dead_demo_job_is_said_on_screen() -> None:
