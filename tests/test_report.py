@@ -109,7 +109,10 @@ machine, 0.4 with a busy loop on each core, against under 0.05 for a category th
 def test_real_demo_end_to_end(tmp_path: Path, args: list[str], category: str, straggler: int | None) -> None:
     """Only what holds by a wide margin on any machine: the slowed category's large share, and a straggler that
     does several times its peer's work. Whether io or all-reduce *outweighs* compute depends on how busy the CPUs
-    are (compute swells on a loaded machine, a sleep does not): benchmarks/demo_verdicts.py checks that."""
+    are (compute swells on a loaded machine, a sleep does not): benchmarks/demo_verdicts.py checks that. Nor is
+    "no straggler" asserted where none was made: on a shared 2-core machine one rank can really be starved of CPU
+    for most iterations, and then naming it is right (test_critical_path.py and test_verdict.py hold the balanced
+    case exactly)."""
     rec = tmp_path / "demo.dagtop"
     run = subprocess.run([sys.executable, "-m", "dagtop.cli", "demo", "--record", str(rec), "--iterations", "20",
                           *args], capture_output=True, text=True, timeout=280)
@@ -119,8 +122,8 @@ def test_real_demo_end_to_end(tmp_path: Path, args: list[str], category: str, st
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)
     assert s["critical_path"][category] >= DEMO_MIN_SHARE, s["critical_path"]
-    assert (s["straggler"] or {}).get("rank") == straggler, s["straggler"]
     if straggler is not None:
+        assert (s["straggler"] or {}).get("rank") == straggler, s["straggler"]
         assert s["straggler"]["category"] == category, s["straggler"]
     assert s["model_error"] <= 0.05
 
