@@ -1,14 +1,39 @@
-"""dagtop's training-rank shim: time the tasks of every iteration and publish them, never hurting training."""
+"""dagtop's training-rank shim: time the tasks of every iteration and publish them, never hurting training.
+
+Importing the package loads the wire schema and nothing with effects: the monitor imports ``instrument.wire`` and
+``instrument.events`` for the schema alone, so the shim's machinery (torch, the publisher's thread, the fork hook)
+loads with the first :func:`attach`, or on first use of :class:`Tracer` or :class:`NullTracer`.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from instrument.tracer import DEFAULT_ENDPOINT, NullTracer, Tracer
+from instrument.wire import DEFAULT_ENDPOINT
 
-__all__ = ["attach", "Tracer", "NullTracer", "DEFAULT_ENDPOINT"]
+if TYPE_CHECKING:
+    from instrument.tracer import NullTracer, Tracer
+
+__all__ = ["DEFAULT_ENDPOINT", "NullTracer", "Tracer", "attach"]
+
+_LAZY: Final = {"Tracer": "instrument.tracer", "NullTracer": "instrument.tracer"}
+"""The package's names that live in modules with effects, imported when first asked for (PEP 562)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # asked once: later lookups find it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def _topology() -> tuple[int, int, int]:
@@ -18,8 +43,8 @@ def _topology() -> tuple[int, int, int]:
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
-        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return rank, world, int(os.environ.get("LOCAL_RANK", str(rank)))
 
 
 def attach(
@@ -48,6 +73,8 @@ def attach(
     ``DAGTOP_DISABLE=1`` returns a :class:`NullTracer` with the same methods. If attaching fails, the
     failure is reported with one warning and a NullTracer is returned: training never stops for dagtop.
     """
+    from instrument.tracer import NullTracer, Tracer
+
     if os.environ.get("DAGTOP_DISABLE", "") not in ("", "0"):
         return NullTracer()
     if granularity not in ("block", "layer"):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket  # torch.distributed.GradBucket, where its type stubs export it
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from instrument import wire
@@ -55,7 +55,7 @@ class BucketTimer:
         # Raises if a comm hook is already registered or training has begun; attach() handles that.
         ddp.register_comm_hook(ddp.process_group, self._hook)
 
-    def _hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def _hook(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         if not self._switch.on:
             return allreduce_hook(state, bucket)
         try:

@@ -148,7 +148,8 @@ class CudaTiming:
     def _to_ns(self, event: torch.cuda.Event) -> int:
         if self._anchor is None:  # no calibration succeeded yet: the best we have is "now"
             return time.perf_counter_ns()
-        return self._anchor_ns + round(self._anchor.elapsed_time(event) * 1e6)
+        elapsed_ms: float = self._anchor.elapsed_time(event)
+        return self._anchor_ns + round(elapsed_ms * 1e6)
 
 
 def move_timed(

@@ -52,7 +52,7 @@ class EventColumns(Sequence[Event]):
     :class:`Event` tuples, built on demand.
     """
 
-    __slots__ = ("category", "phase", "name", "lane", "start_ns", "end_ns", "bytes")
+    __slots__ = ("category", "phase", "name", "lane", "start_ns", "end_ns", "bytes")  # noqa: RUF023 - Event's order
 
     def __init__(self, category: array[int], phase: array[int], name: tuple[str, ...], lane: array[int],
                  start_ns: array[int], end_ns: array[int], nbytes: array[int]) -> None:

@@ -138,9 +138,9 @@ class Publisher:
             self.dropped_send += 1
 
     def _send_hello(self, sock: zmq.Socket[bytes]) -> None:
-        self._send(sock, wire.encode_hello(self._hello(self.seq)))
+        self._send(sock, wire.encode(self._hello(self.seq)))
         if self._buckets is not None:
-            self._send(sock, wire.encode_buckets(wire.Buckets(self.seq, self.rank, tuple(self._buckets))))
+            self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, tuple(self._buckets))))
 
     def _loop(self, sock: zmq.Socket[bytes]) -> None:
         started = time.monotonic()
@@ -165,9 +165,9 @@ class Publisher:
             self._drain(sock, stopping)
             if self._telemetry:
                 sample = self._telemetry.popleft()
-                self._send(sock, wire.encode_telemetry(dataclasses.replace(sample, seq=self.seq)))
+                self._send(sock, wire.encode(dataclasses.replace(sample, seq=self.seq)))
             if stopping:
-                self._send(sock, wire.encode_bye(wire.Bye(self.seq, self.rank, self.iterations, self.dropped)))
+                self._send(sock, wire.encode(wire.Bye(self.seq, self.rank, self.iterations, self.dropped)))
                 return
             self._stop.wait(POLL_S)
 
@@ -187,7 +187,7 @@ class Publisher:
             if kind == "buckets":
                 self._queue.popleft()
                 self._buckets = body
-                self._send(sock, wire.encode_buckets(wire.Buckets(self.seq, self.rank, tuple(body))))
+                self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, tuple(body))))
                 continue
             if self._resolver is not None:
                 if not self._resolver.ready(events):

@@ -149,8 +149,8 @@ def layer_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
 class Unit:
     """One timed module: its hooks and the state of its current forward/backward."""
 
-    __slots__ = ("name", "module", "params", "fwd_start", "bwd_start", "last_grad", "last_param", "grad_hooks",
-                 "inputs")
+    __slots__ = ("bwd_start", "fwd_start", "grad_hooks", "inputs", "last_grad", "last_param", "module", "name",
+                 "params")
 
     def __init__(self, name: str, module: nn.Module) -> None:
         self.name = name
@@ -169,7 +169,7 @@ class Unit:
 class _Boundary:
     """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node."""
 
-    __slots__ = ("node", "callbacks", "_stamp", "_switch", "_fail")
+    __slots__ = ("_fail", "_stamp", "_switch", "callbacks", "node")
 
     def __init__(self, node: Any, stamp: Stamp, switch: Switch, fail: Callable[[BaseException], None]) -> None:
         self.node = node

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import socket
 import threading
@@ -14,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from instrument import wire
+from instrument.wire import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT  # noqa: PLC0414 - re-exported: it lived here
 
-DEFAULT_ENDPOINT: Final = "tcp://127.0.0.1:5555"
 CLOSE_TIMEOUT_S: Final = 2.0
 
 _live_tracers: weakref.WeakSet[Tracer] = weakref.WeakSet()
@@ -28,7 +29,10 @@ def _after_fork_in_child() -> None:
         tracer._on = False
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+@functools.cache
+def _watch_forks() -> None:
+    """Register the fork hook, once per process (cached), when the first tracer is built: not at import."""
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def map_tensors(batch: Any, fn: Any) -> Any:
@@ -107,7 +111,7 @@ class NullTracer:
 class _Task:
     """A custom task: times a ``with`` block on the training thread."""
 
-    __slots__ = ("_tracer", "_name", "_category", "_start")
+    __slots__ = ("_category", "_name", "_start", "_tracer")
 
     def __init__(self, tracer: Tracer, name: str, category: str) -> None:
         if category not in wire.CATEGORIES:
@@ -132,6 +136,7 @@ class Tracer:
 
     def __init__(self, model: Any, optimizer: Any, *, rank: int, world: int, local_rank: int,
                  endpoint: str, granularity: str, sample_every: int) -> None:
+        _watch_forks()
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.endpoint = endpoint
         self.granularity = granularity
@@ -227,8 +232,8 @@ class Tracer:
             if self._cuda is not None and _is_cuda(device):
                 from instrument.cuda import move_timed
 
-                out, size, start, end = move_timed(self._cuda, batch, _device(device))
-                self._events.append(("pcie", "h2d", "to_device", "copy", start, end, size))
+                out, size, copy_start, copy_end = move_timed(self._cuda, batch, _device(device))  # CUDA events
+                self._events.append(("pcie", "h2d", "to_device", "copy", copy_start, copy_end, size))
                 return out
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)

@@ -1,47 +1,44 @@
 """The wire format: the one msgpack schema that training ranks and the monitor both speak.
 
-Every frame is a msgpack map with a wire version ``v`` and a kind ``k``. Events travel as
-fixed-order lists (five times smaller than maps and ten times faster than JSON, see
-FIELD_NOTES). Decoding validates every field and raises :class:`WireError` with a reason;
-it never executes anything from the wire (no pickle, no ext types).
-
-Frames (version 1):
-
-``hello``   {v, k, seq, rank, world, local_rank, host, pid, device, torch, model, params,
-             granularity, wall_ns, mono_ns}
-``iter``    {v, k, seq, rank, it, ev: [[category, phase, name, lane, start_ns, end_ns, bytes], ...],
-             dropped}
-``buckets`` {v, k, seq, rank, buckets: [[index, bytes, [parameter names]], ...]}
-``bye``     {v, k, seq, rank, iterations, dropped}
-``telemetry`` {v, k, seq, rank, host, local_rank, mono_ns, note,
-             hw: nil | {cpu, cpus, mem_used, mem_total},
-             gpu: nil | {index, name, util, mem_used, mem_total, pcie_tx, pcie_rx, power_w}}
-            about every 2 s from a background thread; ``hw`` (host-wide) only from local rank 0, ``gpu``
-            from every rank on a GPU that NVML can read. Any figure may be nil: not measurable there.
-
-Times are ``time.perf_counter_ns()`` of the rank's host (CLOCK_MONOTONIC): comparable between
-processes of one host, not across hosts. ``dropped`` is the number of events or frames the
-rank's publisher discarded so far (cumulative), reported in band. ``seq`` counts the frames
-a rank has tried to send, so the monitor can count what the network lost.
+Each frame below is a dataclass whose fields carry their wire key, type and meaning; the codec walks that
+description (instrument/schema.py), and so does instrument/wire_docs.py, which writes the frame tables of
+docs/wire.md. That page says what the values mean; read it rather than repeat it here. Decoding
+validates every field and raises :class:`WireError` with a reason; it never executes anything from the wire
+(no pickle, no ext types).
 """
 
 from __future__ import annotations
 
-import math
-import operator
-from array import array
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Union
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
 
 import msgpack
 
 from instrument.events import CATEGORIES, CATEGORY_CODE, LANE_CODE, LANES, PHASE_CODE, PHASES, Event, EventColumns
+from instrument.schema import (
+    FieldType,
+    Int,
+    Layout,
+    Map,
+    OptFloat,
+    OptInt,
+    Str,
+    Text,
+    WireError,
+    layout_of,
+    wire,
+)
+from instrument.wire_events import Count, EventList, Name, Vocabulary
 
-__all__ = ["CATEGORIES", "LANES", "PHASES", "WIRE_VERSION", "Bucket", "Buckets", "Bye", "Event", "EventColumns",
-           "Frame", "GpuStats", "Hello", "HostStats", "IterationBatch", "Telemetry", "WireError", "decode", "encode"]
+__all__ = ["CATEGORIES", "DEFAULT_ENDPOINT", "LANES", "PHASES", "WIRE_VERSION", "Bucket", "Buckets", "Bye", "Event",
+           "EventColumns", "Frame", "GpuStats", "Hello", "HostStats", "IterationBatch", "Telemetry", "WireError",
+           "decode", "encode", "encode_iteration"]
 
 WIRE_VERSION: Final = 1
+
+DEFAULT_ENDPOINT: Final = "tcp://127.0.0.1:5555"
+"""Where the monitor binds and a rank connects unless told otherwise (``--bind``, ``$DAGTOP_ENDPOINT``)."""
 
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
 MAX_NAME_CHARS: Final = 256
@@ -49,42 +46,74 @@ MAX_EVENTS_PER_FRAME: Final = 1_000_000
 MAX_NOTE_CHARS: Final = 256
 MAX_RATE: Final = 1e15
 """Bytes per second, watts: far above any real reading, low enough to refuse garbage."""
-_INT64_MAX: Final = 2**63 - 1
+MAX_RANKS: Final = 1 << 20
+"""Ranks in a job (and CPUs on a host): a bound that refuses garbage, not a limit anyone reaches."""
+
+EVENTS: Final = EventList(MAX_EVENTS_PER_FRAME, (
+    Vocabulary("category", CATEGORIES, CATEGORY_CODE), Vocabulary("phase", PHASES, PHASE_CODE),
+    Name("name", MAX_NAME_CHARS), Vocabulary("lane", LANES, LANE_CODE),
+    Count("start_ns", "start"), Count("end_ns", "end"), Count("bytes", "bytes")))
+"""An ``iter`` frame's events: one list per event, in :class:`Event`'s field order."""
+
+_event = EVENTS.check_row
+"""One event's schema: the first thing wrong with a row, or its :class:`Event`."""
+_events = EVENTS.columns
+"""A frame's events checked a column at a time, into :class:`EventColumns`."""
 
 
-class WireError(ValueError):
-    """A frame that does not fit the schema; the message says why."""
+def _rank_below_world(values: Mapping[str, Any], where: str) -> None:
+    if values["rank"] >= values["world"]:
+        raise WireError(f"rank {values['rank']} is not below world size {values['world']}")
+
+
+def _used_within_total(values: Mapping[str, Any], where: str) -> None:
+    used, total = values["mem_used"], values["mem_total"]
+    if used is not None and total is not None and used > total:
+        raise WireError(f"{where}: mem_used {used} exceeds mem_total {total}")
+
+
+SEQ: Final = wire(Int(), "frames this rank has tried to send before this one, all kinds together")
+RANK: Final = wire(Int(0, MAX_RANKS), "the sending rank, as torch.distributed numbers it")
+DROPPED: Final = wire(Int(), "iteration frames this rank has discarded so far (cumulative)")
 
 
 @dataclass(frozen=True, slots=True)
 class Hello:
     """A rank introduces itself once, when it attaches (and again if it reconnects)."""
 
-    seq: int
-    rank: int
-    world: int
-    local_rank: int
-    host: str
-    pid: int
-    device: str
-    torch: str
-    model: str
-    params: int
-    granularity: str
-    wall_ns: int
-    mono_ns: int
+    KIND: ClassVar[str] = "hello"
+    WHEN: ClassVar[str] = "at attach, 0.2 s and 0.7 s later, then every 2 s"
+
+    seq: int = field(metadata=SEQ)
+    rank: int = field(metadata=RANK)
+    world: int = field(metadata=wire(Int(1, MAX_RANKS), "ranks in the job; `rank` is below it",
+                                     check=_rank_below_world))
+    local_rank: int = field(metadata=wire(Int(0, MAX_RANKS), "the rank's index on its host"))
+    host: str = field(metadata=wire(Str(MAX_NAME_CHARS), "`socket.gethostname()`"))
+    pid: int = field(metadata=wire(Int(), "the rank's process id"))
+    device: str = field(metadata=wire(Str(MAX_NAME_CHARS), "where the model is: `cpu`, `cuda:0`"))
+    torch: str = field(metadata=wire(Str(MAX_NAME_CHARS), "torch's version"))
+    model: str = field(metadata=wire(Str(MAX_NAME_CHARS), "class name of the unwrapped model"))
+    params: int = field(metadata=wire(Int(), "parameter count"))
+    granularity: str = field(metadata=wire(Str(MAX_NAME_CHARS), "`block` or `layer`, as passed to `attach`"))
+    wall_ns: int = field(metadata=wire(Int(), "`time.time_ns()`, read together with `mono_ns`"))
+    mono_ns: int = field(metadata=wire(Int(), "`time.perf_counter_ns()`: the pair places the rank's times "
+                                              "on the wall clock"))
 
 
 @dataclass(frozen=True, slots=True)
 class IterationBatch:
     """All events of one rank for one iteration: one message per rank per iteration."""
 
-    seq: int
-    rank: int
-    iteration: int
-    events: Sequence[Event]
+    KIND: ClassVar[str] = "iter"
+    WHEN: ClassVar[str] = "when `optimizer.step()` returns: all events of that iteration on this rank"
+
+    seq: int = field(metadata=SEQ)
+    rank: int = field(metadata=RANK)
+    iteration: int = field(metadata=wire(Int(), "the iteration, counted from 0 on each rank", key="it"))
+    events: Sequence[Event] = field(metadata=wire(EVENTS, "the iteration's tasks, not sorted", key="ev"))
     """Decoded frames carry :class:`EventColumns`; any sequence of events encodes."""
-    dropped: int
+    dropped: int = field(metadata=DROPPED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,291 +126,151 @@ class Bucket:
 
 
 @dataclass(frozen=True, slots=True)
+class BucketList(FieldType):
+    """A rank's buckets: a list of ``[index, bytes, [parameter names]]``."""
+
+    def decode(self, value: Any, key: str, where: str) -> tuple[Bucket, ...]:
+        if not isinstance(value, list):
+            raise WireError(f"field {key!r} must be a list")
+        buckets = []
+        for i, b in enumerate(value):
+            if not (isinstance(b, list) and len(b) == 3 and isinstance(b[2], list)):
+                raise WireError(f"bucket {i} must be [index, bytes, [parameter names]]")
+            index, size, names = b
+            if type(index) is not int or type(size) is not int or index < 0 or size < 0:
+                raise WireError(f"bucket {i}: index and bytes must be non-negative integers")
+            if not all(isinstance(n, str) and len(n) <= MAX_NAME_CHARS for n in names):
+                raise WireError(f"bucket {i}: parameter names must be strings")
+            buckets.append(Bucket(index, size, tuple(names)))
+        return tuple(buckets)
+
+    def encode(self, value: Any) -> list[list[Any]]:
+        return [[b.index, b.bytes, list(b.parameters)] for b in value]
+
+    def describe(self) -> str:
+        return "list of `[index, bytes, [parameter names]]`"
+
+
+@dataclass(frozen=True, slots=True)
 class Buckets:
     """The bucket to parameters map of one rank, sent once the buckets are final."""
 
-    seq: int
-    rank: int
-    buckets: tuple[Bucket, ...]
+    KIND: ClassVar[str] = "buckets"
+    WHEN: ClassVar[str] = "once the DDP buckets are final (after iteration 1), then again after every hello"
+
+    seq: int = field(metadata=SEQ)
+    rank: int = field(metadata=RANK)
+    buckets: tuple[Bucket, ...] = field(metadata=wire(BucketList(), "per bucket index: its bytes and its "
+                                                                    "parameters' names, in bucket order"))
 
 
 @dataclass(frozen=True, slots=True)
 class Bye:
     """A rank detaches cleanly."""
 
-    seq: int
-    rank: int
-    iterations: int
-    dropped: int
+    KIND: ClassVar[str] = "bye"
+    WHEN: ClassVar[str] = "on `tracer.close()` (also at interpreter exit)"
+
+    seq: int = field(metadata=SEQ)
+    rank: int = field(metadata=RANK)
+    iterations: int = field(metadata=wire(Int(), "iteration frames published"))
+    dropped: int = field(metadata=DROPPED)
 
 
 @dataclass(frozen=True, slots=True)
 class HostStats:
     """Host-wide figures of a rank's machine; None where the host does not offer one (no /proc)."""
 
-    cpu_percent: float | None
-    """All cores together, 0 to 100, over the interval since the previous sample."""
-    cpus: int | None
-    mem_used: int | None
-    """Bytes: total minus available."""
-    mem_total: int | None
+    cpu_percent: float | None = field(metadata=wire(
+        OptFloat(100.0), "busy share of all CPUs since the previous sample, in %", key="cpu"))
+    cpus: int | None = field(metadata=wire(OptInt(1, MAX_RANKS), "CPU count"))
+    mem_used: int | None = field(metadata=wire(OptInt(), "bytes: `MemTotal` − `MemAvailable`"))
+    mem_total: int | None = field(metadata=wire(
+        OptInt(), "bytes: `MemTotal`, the host's (not a container's limit); not below `mem_used`",
+        check=_used_within_total))
 
 
 @dataclass(frozen=True, slots=True)
 class GpuStats:
     """The rank's own GPU as NVML reads it; None where the device does not support a figure."""
 
-    index: int
-    """NVML's index on its host: the number ``nvidia-smi`` shows, whatever CUDA_VISIBLE_DEVICES says."""
-    name: str
-    util_percent: float | None
-    mem_used: int | None
-    """Bytes."""
-    mem_total: int | None
-    pcie_tx: float | None
-    """Bytes per second the GPU sent over PCIe (NVML samples a 20 ms window)."""
-    pcie_rx: float | None
-    power_w: float | None
+    index: int = field(metadata=wire(
+        Int(0, 1 << 16), "NVML's index on its host: the number `nvidia-smi` shows, whatever "
+                         "CUDA_VISIBLE_DEVICES says"))
+    name: str = field(metadata=wire(Str(MAX_NAME_CHARS), "the device's name, as NVML gives it"))
+    util_percent: float | None = field(metadata=wire(OptFloat(100.0), "utilisation, in %", key="util"))
+    mem_used: int | None = field(metadata=wire(OptInt(), "bytes"))
+    mem_total: int | None = field(metadata=wire(OptInt(), "bytes; not below `mem_used`", check=_used_within_total))
+    pcie_tx: float | None = field(metadata=wire(
+        OptFloat(MAX_RATE), "bytes per second the GPU sent over PCIe (NVML samples a 20 ms window)"))
+    pcie_rx: float | None = field(metadata=wire(OptFloat(MAX_RATE), "bytes per second the GPU received"))
+    power_w: float | None = field(metadata=wire(OptFloat(MAX_RATE), "watts"))
 
 
 @dataclass(frozen=True, slots=True)
 class Telemetry:
     """One rank's sample of its host and its GPU, sent about every 2 s."""
 
-    seq: int
-    rank: int
-    host: str
-    local_rank: int
-    mono_ns: int
-    """The rank's ``perf_counter_ns()`` when it sampled."""
-    host_stats: HostStats | None
-    """Only from local rank 0 of each host: one sender is enough."""
-    gpu: GpuStats | None
-    """None on a CPU rank, or when NVML is missing (``note`` says why)."""
-    note: str = ""
-    """Why figures are missing, worded to follow the rank: "on CPU", "no GPU figures: NVML library not found"."""
+    KIND: ClassVar[str] = "telemetry"
+    WHEN: ClassVar[str] = "about 1 s after attach, then every 2 s: the rank's host and GPU"
+
+    seq: int = field(metadata=SEQ)
+    rank: int = field(metadata=RANK)
+    host: str = field(metadata=wire(Str(MAX_NAME_CHARS), "`socket.gethostname()`, as in `hello`"))
+    local_rank: int = field(metadata=wire(Int(0, MAX_RANKS), "the rank's index on its host"))
+    mono_ns: int = field(metadata=wire(Int(), "the rank's `perf_counter_ns()` when it sampled"))
+    host_stats: HostStats | None = field(metadata=wire(
+        Map(HostStats), "host-wide; only from local rank 0 of each host: one sender is enough", key="hw"))
+    gpu: GpuStats | None = field(metadata=wire(
+        Map(GpuStats), "the rank's own GPU; nil on a CPU rank, or when NVML is missing (`note` says why)"))
+    note: str = field(default="", metadata=wire(
+        Text(MAX_NOTE_CHARS), "why figures are missing, worded to follow the rank: `on CPU`, "
+                              "`no GPU figures: NVML library not found`", after="mono_ns"))
+    # `note` comes last here only because it has a default; on the wire it has always preceded hw and gpu.
 
 
-Frame = Union[Hello, IterationBatch, Buckets, Bye, Telemetry]
+Frame = Hello | IterationBatch | Buckets | Bye | Telemetry
 
+FRAMES: Final[tuple[type[Frame], ...]] = (Hello, IterationBatch, Buckets, Bye, Telemetry)
+"""Every kind of frame, in the order docs/wire.md lists them."""
 
-# --------------------------------------------------------------------------- encoding
+_LAYOUT: Final[dict[type, Layout]] = {cls: layout_of(cls) for cls in FRAMES}
+_BY_KIND: Final[dict[str, Layout]] = {cls.KIND: _LAYOUT[cls] for cls in FRAMES}
+_HEADER: Final = _LAYOUT[Hello].fields[:2]
+"""``seq`` and ``rank``: every frame opens with them, after ``v`` and ``k``."""
+if any(layout.fields[:2] != _HEADER for layout in _LAYOUT.values()):
+    raise TypeError("every frame must open with the same seq and rank fields")
+# encode_iteration's keys, from the layout; unpacking fails at import if the frame gains or loses a field.
+_SEQ, _RANK, _IT, _EV, _DROPPED = (f.key for f in _LAYOUT[IterationBatch])
 
 
 def _pack(obj: dict[str, Any]) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    payload: bytes = msgpack.packb(obj, use_bin_type=True)
+    return payload
 
 
-def encode_hello(h: Hello) -> bytes:
-    return _pack(
-        {
-            "v": WIRE_VERSION,
-            "k": "hello",
-            "seq": h.seq,
-            "rank": h.rank,
-            "world": h.world,
-            "local_rank": h.local_rank,
-            "host": h.host,
-            "pid": h.pid,
-            "device": h.device,
-            "torch": h.torch,
-            "model": h.model,
-            "params": h.params,
-            "granularity": h.granularity,
-            "wall_ns": h.wall_ns,
-            "mono_ns": h.mono_ns,
-        }
-    )
+def encode(frame: Frame) -> bytes:
+    """Encode any frame."""
+    layout = _LAYOUT.get(type(frame))
+    if layout is None:
+        raise TypeError(f"not a wire frame: {type(frame).__name__}")
+    return _pack(layout.encode(frame, {"v": WIRE_VERSION, "k": frame.KIND}))
+
+
+# The names each kind had before the one encoder; callers still use them.
+encode_hello = encode_buckets = encode_bye = encode_telemetry = encode
 
 
 def encode_iteration(
     seq: int, rank: int, iteration: int, events: Sequence[Event] | list[tuple[Any, ...]], dropped: int
 ) -> bytes:
-    """Encode one rank's iteration; ``events`` may be plain 7-tuples (the shim's hot path)."""
-    return _pack(
-        {"v": WIRE_VERSION, "k": "iter", "seq": seq, "rank": rank, "it": iteration, "ev": events, "dropped": dropped}
-    )
+    """Encode one rank's iteration; ``events`` may be plain 7-tuples (the shim's hot path).
 
-
-def encode_buckets(b: Buckets) -> bytes:
-    return _pack(
-        {
-            "v": WIRE_VERSION,
-            "k": "buckets",
-            "seq": b.seq,
-            "rank": b.rank,
-            "buckets": [[x.index, x.bytes, list(x.parameters)] for x in b.buckets],
-        }
-    )
-
-
-def encode_bye(b: Bye) -> bytes:
-    return _pack(
-        {"v": WIRE_VERSION, "k": "bye", "seq": b.seq, "rank": b.rank, "iterations": b.iterations, "dropped": b.dropped}
-    )
-
-
-def encode_telemetry(t: Telemetry) -> bytes:
-    h, g = t.host_stats, t.gpu
-    return _pack(
-        {
-            "v": WIRE_VERSION,
-            "k": "telemetry",
-            "seq": t.seq,
-            "rank": t.rank,
-            "host": t.host,
-            "local_rank": t.local_rank,
-            "mono_ns": t.mono_ns,
-            "note": t.note,
-            "hw": None if h is None else
-            {"cpu": h.cpu_percent, "cpus": h.cpus, "mem_used": h.mem_used, "mem_total": h.mem_total},
-            "gpu": None if g is None else
-            {"index": g.index, "name": g.name, "util": g.util_percent, "mem_used": g.mem_used,
-             "mem_total": g.mem_total, "pcie_tx": g.pcie_tx, "pcie_rx": g.pcie_rx, "power_w": g.power_w},
-        }
-    )
-
-
-def encode(frame: Frame) -> bytes:
-    """Encode any frame."""
-    if isinstance(frame, Hello):
-        return encode_hello(frame)
-    if isinstance(frame, IterationBatch):
-        return encode_iteration(frame.seq, frame.rank, frame.iteration, list(frame.events), frame.dropped)
-    if isinstance(frame, Buckets):
-        return encode_buckets(frame)
-    if isinstance(frame, Bye):
-        return encode_bye(frame)
-    if isinstance(frame, Telemetry):
-        return encode_telemetry(frame)
-    raise TypeError(f"not a wire frame: {type(frame).__name__}")
-
-
-# --------------------------------------------------------------------------- decoding
-
-
-def _int(m: dict[Any, Any], key: str, lo: int = 0, hi: int = _INT64_MAX) -> int:
-    value = m.get(key)
-    if type(value) is not int:  # bool is an int subclass: refuse it too
-        raise WireError(f"field {key!r} must be an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise WireError(f"field {key!r} = {value} is out of range [{lo}, {hi}]")
-    return value
-
-
-def _str(m: dict[Any, Any], key: str, limit: int = MAX_NAME_CHARS) -> str:
-    value = m.get(key)
-    if not isinstance(value, str):
-        raise WireError(f"field {key!r} must be a string, got {type(value).__name__}")
-    if len(value) > limit:
-        raise WireError(f"field {key!r} is longer than {limit} characters")
-    return value
-
-
-def _opt_int(m: dict[Any, Any], key: str, where: str) -> int | None:
-    value = m.get(key)
-    if value is None:
-        return None
-    if type(value) is not int or not 0 <= value <= _INT64_MAX:
-        raise WireError(f"{where}: field {key!r} must be nil or a non-negative integer, got {value!r:.40}")
-    return value
-
-
-def _opt_float(m: dict[Any, Any], key: str, where: str, hi: float = MAX_RATE) -> float | None:
-    value = m.get(key)
-    if value is None:
-        return None
-    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= hi:
-        raise WireError(f"{where}: field {key!r} must be nil or a number in [0, {hi:g}], got {value!r:.40}")
-    return float(value)
-
-
-def _used_total(m: dict[Any, Any], where: str) -> tuple[int | None, int | None]:
-    used, total = _opt_int(m, "mem_used", where), _opt_int(m, "mem_total", where)
-    if used is not None and total is not None and used > total:
-        raise WireError(f"{where}: mem_used {used} exceeds mem_total {total}")
-    return used, total
-
-
-def _telemetry(m: dict[Any, Any], seq: int, rank: int) -> Telemetry:
-    note = m.get("note", "")
-    if not isinstance(note, str) or len(note) > MAX_NOTE_CHARS:
-        raise WireError(f"field 'note' must be a string of at most {MAX_NOTE_CHARS} characters")
-    hw, gpu = m.get("hw"), m.get("gpu")
-    host_stats = gpu_stats = None
-    if hw is not None:
-        if not isinstance(hw, dict):
-            raise WireError(f"field 'hw' must be nil or a map, got {type(hw).__name__}")
-        cpus = _opt_int(hw, "cpus", "hw")
-        if cpus is not None and not 1 <= cpus <= 1 << 20:
-            raise WireError(f"hw: field 'cpus' = {cpus} is out of range [1, {1 << 20}]")
-        host_stats = HostStats(_opt_float(hw, "cpu", "hw", 100.0), cpus, *_used_total(hw, "hw"))
-    if gpu is not None:
-        if not isinstance(gpu, dict):
-            raise WireError(f"field 'gpu' must be nil or a map, got {type(gpu).__name__}")
-        gpu_stats = GpuStats(
-            _int(gpu, "index", 0, 1 << 16), _str(gpu, "name"), _opt_float(gpu, "util", "gpu", 100.0),
-            *_used_total(gpu, "gpu"), _opt_float(gpu, "pcie_tx", "gpu"), _opt_float(gpu, "pcie_rx", "gpu"),
-            _opt_float(gpu, "power_w", "gpu"),
-        )
-    return Telemetry(seq, rank, _str(m, "host"), _int(m, "local_rank", 0, 1 << 20), _int(m, "mono_ns"),
-                     host_stats, gpu_stats, note)
-
-
-def _event(raw: Any, index: int) -> Event:
-    if not isinstance(raw, (list, tuple)) or len(raw) != 7:
-        raise WireError(f"event {index} must be a list of 7 fields")
-    category, phase, name, lane, start, end, size = raw
-    if category not in CATEGORIES:
-        raise WireError(f"event {index}: unknown category {category!r}")
-    if phase not in PHASES:
-        raise WireError(f"event {index}: unknown phase {phase!r}")
-    if lane not in LANES:
-        raise WireError(f"event {index}: unknown lane {lane!r}")
-    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
-        raise WireError(f"event {index}: name must be a string of at most {MAX_NAME_CHARS} characters")
-    for label, value in (("start", start), ("end", end), ("bytes", size)):
-        if type(value) is not int or not 0 <= value <= _INT64_MAX:
-            raise WireError(f"event {index}: {label} must be a non-negative integer")
-    if end < start:
-        raise WireError(f"event {index} ({name}): ends before it starts")
-    return Event(category, phase, name, lane, start, end, size)
-
-
-class _Misfit(Exception):
-    """The fast column checks found something wrong; the event-by-event check says what."""
-
-
-_EVENT_ROW_TYPES: Final = frozenset((list, tuple))
-
-
-def _events(raw: list[Any]) -> EventColumns:
-    """Validate and transpose a frame's events, a whole field at a time (C loops, no Python per event).
-
-    Anything the column checks refuse goes through :func:`_event` one event at a time, which raises the
-    precise reason: that function is the schema; these checks must accept exactly what it accepts
-    (tests/test_wire.py spoils every field to hold them to it).
+    The same bytes as ``encode(IterationBatch(...))`` without building the frame (tests/test_wire_schema.py checks
+    it): this runs once per iteration on every rank, with the keys taken from the layout.
     """
-    if not raw:
-        return EventColumns.of(())
-    try:
-        if not set(map(type, raw)) <= _EVENT_ROW_TYPES or set(map(len, raw)) != {7}:
-            raise _Misfit
-        category, phase, name, lane, start, end, size = zip(*raw)
-        columns = EventColumns(
-            array("b", map(CATEGORY_CODE.__getitem__, category)), array("b", map(PHASE_CODE.__getitem__, phase)),
-            name, array("b", map(LANE_CODE.__getitem__, lane)), array("q", start), array("q", end), array("q", size))
-        if set(map(type, name)) != {str} or max(map(len, name)) > MAX_NAME_CHARS:
-            raise _Misfit
-        if set(map(type, start)) | set(map(type, end)) | set(map(type, size)) != {int}:  # no bool, no float
-            raise _Misfit
-        if min(columns.start_ns) < 0 or min(columns.bytes) < 0 or any(map(operator.gt, start, end)):
-            raise _Misfit
-    except (_Misfit, KeyError, TypeError, OverflowError):
-        for i, e in enumerate(raw):
-            _event(e, i)
-        raise WireError("events do not fit the schema") from None
-    return columns
+    return _pack({"v": WIRE_VERSION, "k": IterationBatch.KIND, _SEQ: seq, _RANK: rank, _IT: iteration, _EV: events,
+                  _DROPPED: dropped})
 
 
 def decode(payload: bytes) -> Frame:
@@ -394,7 +283,7 @@ def decode(payload: bytes) -> Frame:
         raise WireError(f"frame of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
     try:
         m = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types for bad input
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
         raise WireError(f"not msgpack: {exc}") from None
     if not isinstance(m, dict):
         raise WireError(f"frame must be a map, got {type(m).__name__}")
@@ -402,49 +291,10 @@ def decode(payload: bytes) -> Frame:
     if version != WIRE_VERSION:
         raise WireError(f"wire version {version!r} is not supported (this monitor speaks version {WIRE_VERSION})")
     kind = m.get("k")
-    seq = _int(m, "seq")
-    rank = _int(m, "rank", 0, 1 << 20)
-    if kind == "iter":
-        raw_events = m.get("ev")
-        if not isinstance(raw_events, list) or len(raw_events) > MAX_EVENTS_PER_FRAME:
-            raise WireError("field 'ev' must be a list of events")
-        return IterationBatch(seq, rank, _int(m, "it"), _events(raw_events), _int(m, "dropped"))
-    if kind == "hello":
-        world = _int(m, "world", 1, 1 << 20)
-        if rank >= world:
-            raise WireError(f"rank {rank} is not below world size {world}")
-        return Hello(
-            seq,
-            rank,
-            world,
-            _int(m, "local_rank", 0, 1 << 20),
-            _str(m, "host"),
-            _int(m, "pid"),
-            _str(m, "device"),
-            _str(m, "torch"),
-            _str(m, "model"),
-            _int(m, "params"),
-            _str(m, "granularity"),
-            _int(m, "wall_ns"),
-            _int(m, "mono_ns"),
-        )
-    if kind == "buckets":
-        raw_buckets = m.get("buckets")
-        if not isinstance(raw_buckets, list):
-            raise WireError("field 'buckets' must be a list")
-        buckets = []
-        for i, b in enumerate(raw_buckets):
-            if not (isinstance(b, list) and len(b) == 3 and isinstance(b[2], list)):
-                raise WireError(f"bucket {i} must be [index, bytes, [parameter names]]")
-            index, size, names = b
-            if type(index) is not int or type(size) is not int or index < 0 or size < 0:
-                raise WireError(f"bucket {i}: index and bytes must be non-negative integers")
-            if not all(isinstance(n, str) and len(n) <= MAX_NAME_CHARS for n in names):
-                raise WireError(f"bucket {i}: parameter names must be strings")
-            buckets.append(Bucket(index, size, tuple(names)))
-        return Buckets(seq, rank, tuple(buckets))
-    if kind == "bye":
-        return Bye(seq, rank, _int(m, "iterations"), _int(m, "dropped"))
-    if kind == "telemetry":
-        return _telemetry(m, seq, rank)
-    raise WireError(f"unknown frame kind {kind!r}")
+    layout = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    if layout is None:
+        for f in _HEADER:  # a bad seq or rank is the reason given first, whatever the kind
+            f.type.decode(m.get(f.key, f.type.absent), f.key, "")
+        raise WireError(f"unknown frame kind {kind!r}")
+    frame: Frame = layout.decode(m)
+    return frame

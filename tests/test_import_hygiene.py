@@ -1,4 +1,4 @@
-"""Layering: the model never imports the UI, so it stays usable as a library and testable alone."""
+"""Layering: the model never imports the UI, and the wire schema never starts the shim, so each stays usable alone."""
 
 from __future__ import annotations
 
@@ -27,3 +27,52 @@ def test_the_shim_and_its_telemetry_stay_within_stdlib_pyzmq_and_msgpack() -> No
     banned = {m for m in loaded if m.split(".")[0] in {"dagtop", "networkx", "textual", "rich", "psutil", "pynvml",
                                                        "torch"}}
     assert not banned, sorted(banned)
+
+
+_MONITOR_ONLY = {"dagtop", "numpy", "networkx", "textual", "rich", "psutil"}
+
+
+def test_the_schema_loads_without_the_shims_machinery() -> None:
+    """The monitor imports the wire schema; that must not start the shim (torch, zmq, the tracer, its fork hook)."""
+    loaded = _modules_after("import instrument.wire, instrument.events")
+    shim = {m for m in loaded if m.split(".")[0] in {"torch", "zmq"}
+            or m in {"instrument.tracer", "instrument.publisher", "instrument.timing", "instrument.telemetry"}}
+    assert not shim, sorted(shim)
+    assert {m for m in loaded if m.startswith("instrument")} == {
+        "instrument", "instrument.events", "instrument.schema", "instrument.wire", "instrument.wire_events"}
+    assert not {m for m in loaded if m.split(".")[0] in _MONITOR_ONLY}
+
+
+def test_no_module_of_the_shim_imports_the_monitor_or_its_libraries() -> None:
+    """Every module of instrument/ at once (instrument.cuda needs a CUDA build of torch, and imports nothing more).
+
+    torch itself loads numpy (and pynvml): only what the shim adds to torch, pyzmq and msgpack counts.
+    """
+    loaded = _modules_after(
+        "import importlib, pkgutil, instrument\n"
+        "for m in pkgutil.iter_modules(instrument.__path__):\n"
+        "    if m.name != 'cuda':\n"
+        "        importlib.import_module('instrument.' + m.name)")
+    assert "instrument.tracer" in loaded and "instrument.comm" in loaded  # the loop did import them
+    own = loaded - _modules_after("import torch, torch.distributed.algorithms.ddp_comm_hooks.default_hooks, zmq, msgpack")
+    banned = {m for m in own if m.split(".")[0] in _MONITOR_ONLY}
+    assert not banned, sorted(banned)
+
+
+def test_the_package_still_offers_attach_and_the_tracers() -> None:
+    """`from instrument import Tracer` works as before; the names are served on first use (PEP 562)."""
+    out = subprocess.run(
+        [sys.executable, "-c",
+         ("import sys, instrument\n"
+         "assert 'instrument.tracer' not in sys.modules\n"
+         "from instrument import DEFAULT_ENDPOINT, NullTracer, Tracer, attach\n"
+         "import instrument.tracer as t, instrument.wire as w\n"
+         "assert (Tracer, NullTracer, DEFAULT_ENDPOINT) == (t.Tracer, t.NullTracer, w.DEFAULT_ENDPOINT)\n"
+         "assert t.DEFAULT_ENDPOINT == w.DEFAULT_ENDPOINT == 'tcp://127.0.0.1:5555'\n"
+         "assert {'attach', 'Tracer', 'NullTracer', 'DEFAULT_ENDPOINT'} <= set(dir(instrument))\n"
+         "try:\n"
+         "    instrument.Nothing\n"
+         "except AttributeError as exc:\n"
+         "    print(exc)\n")],
+        check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "module 'instrument' has no attribute 'Nothing'"
