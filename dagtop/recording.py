@@ -13,7 +13,10 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import TYPE_CHECKING, BinaryIO, Final
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 MAGIC: Final = b"DAGTOP\x00\x01"
 _HEADER: Final = struct.Struct("<IQ")
@@ -52,7 +55,7 @@ class RecordingWriter:
         if not self._file.closed:
             self._file.close()
 
-    def __enter__(self) -> RecordingWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,7 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dagtop.model.analysis import _covered_ns, analyse
-from dagtop.model.table import CATEGORIES, build_table
+from dagtop.model.table import build_table
+from instrument.events import CATEGORIES
 from instrument.wire import Event
 
 MS = 1_000_000

@@ -30,7 +30,7 @@ def fake_telemetry() -> TelemetrySample:
 
 
 def task(rank: int, lane: str, category: str, phase: str, name: str, start_ms: float, end_ms: float) -> Task:
-    return Task(rank, lane, category, phase, name, int(start_ms * MS), int(end_ms * MS))
+    return Task(rank, category, phase, name, lane, int(start_ms * MS), int(end_ms * MS))
 
 
 def seg(rank: int | None, category: str, name: str, start_ms: float, end_ms: float) -> Segment:

@@ -11,7 +11,7 @@ from test_ui_helpers import snapshot_of, two_rank_iteration
 
 from dagtop.model.change import Change
 from dagtop.model.pipeline import Pipeline
-from dagtop.model.snapshot import CATEGORIES, RankRow, SteadyStraggler, SteadyVerdict, Straggler, WhatIf
+from dagtop.model.snapshot import RankRow, SteadyStraggler, SteadyVerdict, Straggler, WhatIf
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from dagtop.telemetry import GpuSample, TelemetrySample
 from dagtop.ui.palette import CATEGORY_COLOURS, colour, legend
@@ -22,6 +22,7 @@ from dagtop.ui.renderables.telemetry import telemetry_text
 from dagtop.ui.renderables.timeline import LABEL_WIDTH, TimelineChart, timeline_rows
 from dagtop.ui.renderables.verdict import critical_path_bar, headline
 from dagtop.ui.renderables.what_if import what_if_table
+from instrument.events import CATEGORIES
 
 
 def plain(renderable: object, width: int = 100) -> str:

@@ -8,29 +8,19 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from dagtop.model.change import Change
-from dagtop.model.dag import (
-    ALLREDUCE,
-    CATEGORIES,
-    CATEGORY_INDEX,
-    COLLECTIVE,
-    F64,
-    I64,
-    RUN,
-    IterationDag,
-    assemble,
-)
-from dagtop.model.replay import critical_nodes, critical_segments, durations, replay, shares
-from dagtop.model.snapshot import Collective, IterationAnalysis, RankRow, Segment, Straggler
-from dagtop.model.table import concat_ranges, run_starts
+from dagtop.model.dag import ALLREDUCE, COLLECTIVE, RUN, IterationDag, assemble
+from dagtop.model.replay import CriticalNodes, critical_nodes, critical_segments, durations, replay, shares
+from dagtop.model.snapshot import NO_TASKS, Collective, IterationAnalysis, RankRow, Segment, Straggler
+from dagtop.model.table import F64, I64, concat_ranges, run_starts
 from dagtop.model.whatif import AlphaBeta, run_scenarios, scenarios, what_ifs
-from instrument.wire import Event
+from instrument.events import CATEGORIES, CATEGORY_CODE, Event
 
 STRAGGLER_MIN_MS = 1.0
 STRAGGLER_FRACTION = 0.10
 """A rank is the straggler when the collective on the critical path waited for it longer than
 max(STRAGGLER_MIN_MS, STRAGGLER_FRACTION × measured iteration) beyond the median of the other ranks' ready times."""
 
-OTHER = CATEGORY_INDEX["other"]
+OTHER = CATEGORY_CODE["other"]
 
 
 def analyse(
@@ -58,19 +48,22 @@ def analyse_dag(
     origin = max(dag.origin.values()) if dag.origin else 0
     final = int(dag.b.max()) if dag.nodes else origin
     measured_ms = (final - origin) / 1e6
+    # The identity replay once, alone: the straggler, and so the changes to replay, follow from its critical path.
     ident = np.ones((1, len(dag.ranks) + 1, len(CATEGORIES)))
     start, end = replay(dag, durations(dag, ident))
-    path = critical_segments(dag, start[0], end[0], origin)
+    nodes = critical_nodes(dag, end[0])
+    path = critical_segments(dag, nodes, start[0], end[0], origin)
+    predicted_ms = (float(end[0].max()) - origin) / 1e6
     path_shares = shares(path)
     busy = _busy(dag)
     deviation = _deviation(dag, busy)
-    straggler = _straggler(dag, end[0], measured_ms, deviation)
+    straggler = _straggler(dag, nodes, end[0], measured_ms, deviation)
     cases = scenarios(dag, straggler, comm, busy)
     predicted = run_scenarios(dag, cases, origin, busy)
     # Exposed communication is what the iteration would lose if the collectives were free: with one rank and
     # one bucket per layer that is exactly the seed paper's tc_start[1] + t_c[1] - (tb_start[1] + t_b[1]).
     free_comm = next(ms for c, ms in zip(cases, predicted) if c.change is Change.PERFECT_OVERLAP)
-    exposed_ns = max(predicted[0] - free_comm, 0.0) * 1e6
+    exposed_ns = max(predicted_ms - free_comm, 0.0) * 1e6
     comm_ns = float(dag.catsum[dag.kind == COLLECTIVE, ALLREDUCE].sum())
     overlap = 1.0 if comm_ns <= 0 else min(max(1.0 - exposed_ns / comm_ns, 0.0), 1.0)
     return IterationAnalysis(
@@ -79,8 +72,8 @@ def analyse_dag(
         ranks=dag.ranks,
         origin_ns=origin,
         measured_ms=measured_ms,
-        predicted_ms=predicted[0],
-        tasks=dag.table.tasks() if with_tasks else (),
+        predicted_ms=predicted_ms,
+        tasks=dag.table.tasks() if with_tasks else NO_TASKS,
         collectives=tuple(
             Collective(c.name, c.bytes, dict(c.ready), c.start_ns, c.end_ns, max(c.ready, key=c.ready.__getitem__))
             for c in dag.collectives
@@ -92,7 +85,7 @@ def analyse_dag(
         exposed_comm_ms=exposed_ns / 1e6,
         overlap_ratio=overlap,
         per_rank=_rows(dag, busy, deviation, straggler, origin),
-        what_if=what_ifs(cases, predicted),
+        what_if=what_ifs(predicted_ms, cases, predicted),
     )
 
 
@@ -118,15 +111,14 @@ def _deviation(dag: IterationDag, busy: dict[int, F64]) -> dict[int, float]:
             for r, w in work.items()}
 
 
-def _straggler(dag: IterationDag, end: F64, measured_ms: float, deviation: dict[int, float]) -> Straggler | None:
+def _straggler(dag: IterationDag, path: CriticalNodes, end: F64, measured_ms: float, deviation: dict[int, float]
+               ) -> Straggler | None:
     """The rank the critical path jumps to at a collective, if it kept the others waiting long enough."""
     if len(dag.ranks) < 2:
         return None
-    for v, via in critical_nodes(dag, end):
+    for v, e in path:
         if dag.kind[v] != COLLECTIVE:
             continue
-        lo, hi = int(dag.dst_ptr[v]), int(dag.dst_ptr[v + 1])
-        e = lo + int(np.argmax(end[dag.src[lo:hi]] + dag.lat[lo:hi]))
         if dag.kind[dag.src[e]] != RUN:
             continue  # bound by the previous collective: the channel, not a rank
         c = next(c for c in dag.collectives if c.node == v)
@@ -173,13 +165,13 @@ def _rows(dag: IterationDag, busy: dict[int, F64], deviation: dict[int, float], 
     rows = []
     for r in dag.ranks:
         b = busy[r] / 1e6
-        rows.append(RankRow(r, it_ms[r], float(b[CATEGORY_INDEX["io"]]), float(b[CATEGORY_INDEX["pcie"]]),
-                            float(b[CATEGORY_INDEX["compute"]]), comm[r], float(b[OTHER]), deviation[r],
+        rows.append(RankRow(r, it_ms[r], float(b[CATEGORY_CODE["io"]]), float(b[CATEGORY_CODE["pcie"]]),
+                            float(b[CATEGORY_CODE["compute"]]), comm[r], float(b[OTHER]), deviation[r],
                             straggler is not None and straggler.rank == r))
     return tuple(rows)
 
 
-_WORK = [CATEGORY_INDEX[c] for c in ("io", "pcie", "compute")]
+_WORK = [CATEGORY_CODE[c] for c in ("io", "pcie", "compute")]
 """The categories a rank spends working, as opposed to waiting ('other' holds its waits for the collectives)."""
 
 

@@ -12,6 +12,39 @@ Edges are precedence with a fixed latency: a node starts at ``max(pred end + lat
 ``gap`` is the untimed host time observed in front of it. Collectives are single nodes fed by every
 rank's bucket-ready point; they start at the latest ready time, after the previous collective on the
 comm channel unless the observation shows them running concurrently.
+
+Node ids. Rank by rank (in rank order): the rank's ORIGIN, then its RUNs lane by lane (lanes in the table's
+order: copy, gpu, main) and in time order within a lane; after every rank, the COLLECTIVEs in the order of their
+latest ready time. Two CPU ranks, one ``main`` lane each, two buckets, rank 1 a millisecond behind (ms)::
+
+    rank 0   load 0–2  forward 2–4  backward 4–6 ┃ backward 6–8 ┃          update 11–12
+    node     0 ORIGIN  1 RUN 0–6                   2 RUN 6–8      3 RUN 8–8  4 RUN 11–12
+    rank 1   node 5 ORIGIN, nodes 6–9 its runs, cut at the same places (7, 9, 9)
+    all      node 10 COLLECTIVE bucket 0 7–9, node 11 COLLECTIVE bucket 1 9–11
+
+    ┃ a bucket becomes ready (the marker lane is cut there); node 3 is the empty stretch between the last ready
+    point and the cut in front of the update.
+
+    edges    0→1→2→3→4, 5→6→7→8→9    program order along each lane
+             1→10, 6→10 · 3→11, 8→11  each rank's bucket-ready point into its collective
+             10→11                    the comm channel, serial
+             11→4, 11→9               the update waits for the last collective
+
+>>> from instrument.events import Event
+>>> def rank(late: int) -> list[Event]:
+...     steps = [("io", "load", "next", "main", 0, 2), ("compute", "forward", "net", "main", 2, 4),
+...              ("compute", "backward", "layer2", "main", 4, 6), ("allreduce", "allreduce", "bucket 0", "comm", 6, 9),
+...              ("compute", "backward", "layer1", "main", 6, 8), ("allreduce", "allreduce", "bucket 1", "comm", 8, 11),
+...              ("compute", "update", "step", "main", 11 - late, 12 - late)]
+...     return [Event(c, p, n, lane, (a + late) * 10**6, (b + late) * 10**6, 100 * (lane == "comm"))
+...             for c, p, n, lane, a, b in steps]
+>>> dag = assemble({0: rank(0), 1: rank(1)}, {}, {0: 0, 1: 0})
+>>> [["origin", "run", "collective"][k] for k in dag.kind.tolist()]
+['origin', 'run', 'run', 'run', 'run', 'origin', 'run', 'run', 'run', 'run', 'collective', 'collective']
+>>> dag.rank_of.tolist(), dag.lane_of.tolist()  # collectives: rank len(ranks), lane -1
+([0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2], [-1, 0, 0, 0, 0, -1, 1, 1, 1, 1, -1, -1])
+>>> {v: sorted(dag.src[dag.dst == v].tolist()) for v in (4, 9, 10, 11)}  # into the updates and the collectives
+{4: [3, 11], 9: [8, 11], 10: [1, 6], 11: [3, 8, 10]}
 """
 
 from __future__ import annotations
@@ -24,21 +57,11 @@ import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
-from dagtop.model.table import (
-    CATEGORIES,
-    CATEGORY_INDEX,
-    F64,
-    I64,
-    EventTable,
-    build_table,
-    run_starts,
-)
-from instrument.events import PHASE_CODE, Event
+from dagtop.model.table import F64, I64, EventTable, build_table, run_starts
+from instrument.events import CATEGORIES, CATEGORY_CODE, PHASE_CODE, Event
 
-__all__ = ["ALLREDUCE", "CATEGORIES", "CATEGORY_INDEX", "COLLECTIVE", "F64", "I64", "ORIGIN", "RUN",
-           "CollectiveObs", "IterationDag", "assemble"]
-
-ALLREDUCE = CATEGORY_INDEX["allreduce"]
+ALLREDUCE = CATEGORY_CODE["allreduce"]
+"""Column of the collectives' time in every per-category array."""
 
 ORIGIN, RUN, COLLECTIVE = 0, 1, 2
 """Node kinds: a rank's fixed start, a contracted stretch of one lane, a collective across ranks."""

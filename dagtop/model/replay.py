@@ -6,10 +6,10 @@ from functools import partial
 
 import numpy as np
 
-from dagtop.model.dag import CATEGORIES, COLLECTIVE, F64, ORIGIN, IterationDag
-from dagtop.model.table import CATEGORY_NAMES as _CATEGORY_NAMES
-from dagtop.model.table import PHASE_NAMES as _PHASE_NAMES
+from dagtop.model.dag import COLLECTIVE, ORIGIN, IterationDag
 from dagtop.model.snapshot import Segment
+from dagtop.model.table import CATEGORY_NAMES, F64, PHASE_NAMES
+from instrument.events import CATEGORIES
 
 GAP_NAME = "untimed host work"
 """Host time between timed tasks (Python overhead, loss, zero_grad, launch): 'other' on the path."""
@@ -27,7 +27,8 @@ def durations(dag: IterationDag, scale: F64) -> F64:
     """
     rank_row = np.searchsorted(np.array(dag.ranks + (1 << 30,)), dag.rank_of)
     rank_row[dag.kind == COLLECTIVE] = len(dag.ranks)
-    return dag.internal[None, :] + np.einsum("nc,snc->sn", dag.catsum, scale[:, rank_row, :])
+    dur: F64 = dag.internal[None, :] + np.einsum("nc,snc->sn", dag.catsum, scale[:, rank_row, :])
+    return dur
 
 
 def replay(dag: IterationDag, dur: F64) -> tuple[F64, F64]:
@@ -50,32 +51,40 @@ def replay(dag: IterationDag, dur: F64) -> tuple[F64, F64]:
     return start, end
 
 
-def critical_nodes(dag: IterationDag, end: F64) -> list[tuple[int, int]]:
-    """Nodes of the longest path, last first, each with the edge that bound it (-1 for the final node)."""
+CriticalNodes = list[tuple[int, int]]
+"""The longest path as (node, the edge into it that bound it), last node first, down to an origin (edge -1)."""
+
+
+def critical_nodes(dag: IterationDag, end: F64) -> CriticalNodes:
+    """The longest path of a replay ending at ``end``: walked once, back from the node that ends last, each
+    step along the predecessor edge that set the node's start (the first such edge on a tie)."""
     v = int(np.argmax(end))
-    path: list[tuple[int, int]] = []
-    via = -1
+    path: CriticalNodes = []
     while dag.kind[v] != ORIGIN:
-        path.append((v, via))
         lo, hi = int(dag.dst_ptr[v]), int(dag.dst_ptr[v + 1])
-        if lo == hi:
-            break
+        if lo == hi:  # no predecessor: only an origin starts a path in a well-formed DAG
+            path.append((v, -1))
+            return path
         e = lo + int(np.argmax(end[dag.src[lo:hi]] + dag.lat[lo:hi]))
-        via, v = e, int(dag.src[e])
-    path.append((v, via))
+        path.append((v, e))
+        v = int(dag.src[e])
+    path.append((v, -1))
     return path
 
 
-def critical_segments(dag: IterationDag, start: F64, end: F64, origin_ns: int) -> tuple[Segment, ...]:
+def critical_segments(dag: IterationDag, path: CriticalNodes, start: F64, end: F64, origin_ns: int
+                      ) -> tuple[Segment, ...]:
     """The critical path of the identity replay as time-ordered segments tiling [origin_ns, iteration end].
 
     Each contracted node on the path is expanded into its tasks (a task split by a bucket-ready point
     contributes only the part before it) and the untimed gaps between them.
+
+    Args:
+        path: :func:`critical_nodes` of this replay.
     """
-    path = critical_nodes(dag, end)
     rows: list[_Row] = []  # in reverse time order
     cursor = float(end[path[0][0]])
-    for v, via in path:
+    for v, into in path:
         kind = dag.kind[v]
         if kind == ORIGIN:
             break
@@ -87,16 +96,11 @@ def critical_segments(dag: IterationDag, start: F64, end: F64, origin_ns: int) -
         else:
             _expand_run(rows, dag, v, s, e)
         # The stretch between the binding predecessor's end (plus latency) and this node's start: host gap.
-        lo, hi = int(dag.dst_ptr[v]), int(dag.dst_ptr[v + 1])
-        if lo < hi:
-            j = lo + int(np.argmax(end[dag.src[lo:hi]] + dag.lat[lo:hi]))
-            pred_end = float(end[dag.src[j]] + dag.lat[j])
-        else:
-            pred_end = s
+        pred_end = float(end[dag.src[into]] + dag.lat[into]) if into >= 0 else s
         _push(rows, r if kind != COLLECTIVE else None, "other", "gap", GAP_NAME, pred_end, s)
         cursor = min(pred_end, s)
     rows.reverse()
-    o = int(round(origin_ns))
+    o = int(origin_ns)
     return tuple(_make_segment(row if row[4] >= o else (*row[:4], o, row[5])) for row in rows if row[5] > o)
 
 
@@ -138,8 +142,8 @@ def _expand_run(rows: list[_Row], dag: IterationDag, v: int, s: float, e: float)
     category = np.full(len(shown), "other", dtype=object)
     phase = np.full(len(shown), "gap", dtype=object)
     name = np.full(len(shown), GAP_NAME, dtype=object)
-    category[is_task] = _CATEGORY_NAMES[t.cat[task]]
-    phase[is_task] = _PHASE_NAMES[t.phase[task]]
+    category[is_task] = CATEGORY_NAMES[t.cat[task]]
+    phase[is_task] = PHASE_NAMES[t.phase[task]]
     name[is_task] = [names[i] for i in t.src[task].tolist()]
     rows.extend(zip([rank] * len(shown), category.tolist(), phase.tolist(), name.tolist(),
                     np.rint(begin[shown]).astype(np.int64).tolist(), np.rint(finish[shown]).astype(np.int64).tolist()))
@@ -147,7 +151,7 @@ def _expand_run(rows: list[_Row], dag: IterationDag, v: int, s: float, e: float)
 
 def _push(rows: list[_Row], rank: int | None, category: str, phase: str, name: str, s: float, e: float) -> None:
     if e > s:
-        rows.append((rank, category, phase, name, int(round(s)), int(round(e))))
+        rows.append((rank, category, phase, name, round(s), round(e)))
 
 
 def shares(segments: tuple[Segment, ...]) -> dict[str, float]:

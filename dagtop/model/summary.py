@@ -9,8 +9,8 @@ from typing import Any
 
 from dagtop.model.analysis import model_error, segments_ms
 from dagtop.model.change import Change
-from dagtop.model.dag import CATEGORIES
 from dagtop.model.snapshot import IterationAnalysis
+from instrument.events import CATEGORIES
 
 STRAGGLER_MAJORITY = 0.5
 """A rank is the job's straggler when it was flagged in more than this fraction of the analysed iterations."""

@@ -17,24 +17,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dagtop.model.snapshot import Task
-from instrument import wire
-from instrument.events import CATEGORY_CODE, LANE_CODE, PHASE_CODE, Event, EventColumns
+from dagtop.model.snapshot import Task, Tasks
+from instrument.events import CATEGORIES, LANE_CODE, LANES, PHASE_CODE, PHASES, Event, EventColumns
 
-CATEGORIES: tuple[str, ...] = wire.CATEGORIES
-"""Column order of every per-category array: compute, io, pcie, allreduce, other."""
-CATEGORY_INDEX: dict[str, int] = CATEGORY_CODE
 _LOAD, _H2D, _FORWARD, _BACKWARD, _UPDATE = (PHASE_CODE[p] for p in ("load", "h2d", "forward", "backward", "update"))
 COMM = LANE_CODE["comm"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-_LANE_RANK = np.array([sorted(wire.LANES).index(name) for name in wire.LANES], dtype=np.int64)
+_LANE_RANK = np.array([sorted(LANES).index(name) for name in LANES], dtype=np.int64)
 """Wire lane code → position among a rank's lanes: by name (copy, gpu, main), as the DAG numbers them."""
-LANE_NAMES = np.array(wire.LANES, dtype=object)
+LANE_NAMES = np.array(LANES, dtype=object)
 CATEGORY_NAMES = np.array(CATEGORIES, dtype=object)
-PHASE_NAMES = np.array(wire.PHASES, dtype=object)
+PHASE_NAMES = np.array(PHASES, dtype=object)
 """Code → name, as object arrays: indexing them with a code array names a whole column at once."""
 _make_task = partial(tuple.__new__, Task)
 
@@ -67,10 +63,28 @@ def _column(columns: Sequence[EventColumns], field: str, dtype: type) -> Any:
 
 @dataclass(slots=True)
 class EventTable:
-    """Every event of one iteration on the common clock. Compute lanes (every lane but ``comm``) are sorted by
-    (rank, lane, start) and described per lane; the collectives' events are kept apart, by (rank, start).
+    """Every event of one iteration on the common clock, in two sorted parts.
 
-    Arrays named ``start``, ``end``, ... are per compute event; ``lane_*`` per lane; ``comm_*`` per comm event.
+    Compute events (every lane but ``comm``) are sorted by rank index, then by lane in name order (``copy``,
+    ``gpu``, ``main``: the order the DAG numbers a rank's lanes), then in time order within the lane: by start,
+    a task that takes no time before one that starts with it (by end), full ties in arrival order. Each lane is
+    then one slice ``lane_lo:lane_hi`` of the compute arrays. The collectives' events are kept apart, sorted by
+    (rank index, start), ties in arrival order. ``src`` and ``comm_src`` give each row's index in its rank's
+    frame. One rank whose events arrived in this order::
+
+        arrival  lane  name      start–end
+        0        main  forward   2–5
+        1        comm  bucket 0  5–7
+        2        main  load      0–2
+        3        gpu   kernel    3–4
+        4        main  backward  5–8
+        5        main  mark      5–5
+
+    gives compute rows ``kernel, load, forward, mark, backward`` (``src`` 3, 2, 0, 5, 4; lane ``gpu`` is rows
+    0:1, lane ``main`` rows 1:5) and comm rows ``bucket 0`` (``comm_src`` 1).
+
+    Arrays named ``start``, ``end``, ... are per compute event; ``lane_*`` per lane; ``comm_*`` per comm event;
+    per-category arrays have a column per entry of :data:`~instrument.events.CATEGORIES`, in its order.
     """
 
     ranks: tuple[int, ...]
@@ -187,9 +201,10 @@ class EventTable:
                 edges.append((src, lo + dst))
         return edges
 
-    def tasks(self) -> tuple[Task, ...]:
+    def tasks(self) -> Tasks:
         """Every event as a :class:`Task` on the common clock (compute lanes in order, then each rank's
-        collectives in arrival order), built by C loops over the columns."""
+        collectives in arrival order), built by C loops over the columns, with each rank's tasks cut out as
+        the two slices they occupy (its compute lanes, its collectives)."""
         ranks = np.array(self.ranks, dtype=np.int64)
         names = np.array(list(itertools.chain.from_iterable(c.name for c in self.source)), dtype=object)
         base = np.zeros(len(self.source) + 1, dtype=np.int64)
@@ -197,17 +212,32 @@ class EventTable:
         order = np.lexsort((self.comm_src, self.comm_rank_idx))
         c_rank, c_src = self.comm_rank_idx[order], self.comm_src[order]
         lanes = np.repeat(self.lane_code, self.lane_hi - self.lane_lo)
+        ends = np.concatenate([self.end_raw, self.comm_end[order]])
         columns = (
             np.concatenate([ranks[self.rank_idx], ranks[c_rank]]).tolist(),
-            np.concatenate([LANE_NAMES[lanes], np.full(len(order), "comm", dtype=object)]).tolist(),
             np.concatenate([CATEGORY_NAMES[self.cat], np.full(len(order), "allreduce", dtype=object)]).tolist(),
             np.concatenate([PHASE_NAMES[self.phase], np.full(len(order), "allreduce", dtype=object)]).tolist(),
             names[np.concatenate([base[self.rank_idx] + self.src, base[c_rank] + c_src])].tolist(),
+            np.concatenate([LANE_NAMES[lanes], np.full(len(order), "comm", dtype=object)]).tolist(),
             np.concatenate([self.start, self.comm_start[order]]).tolist(),
-            np.concatenate([self.end_raw, self.comm_end[order]]).tolist(),
+            ends.tolist(),
             np.concatenate([self.nbytes, self.comm_bytes[order]]).tolist(),
         )
-        return tuple(map(_make_task, zip(*columns)))
+        tasks = tuple(map(_make_task, zip(*columns)))
+        # Compute events are sorted by rank, and so are the collectives after them: two slices per rank.
+        every = np.arange(len(ranks))
+        k_lo = np.searchsorted(self.rank_idx, every, side="left").tolist()
+        k_hi = np.searchsorted(self.rank_idx, every, side="right").tolist()
+        c_lo = (np.searchsorted(c_rank, every, side="left") + len(self.start)).tolist()
+        c_hi = (np.searchsorted(c_rank, every, side="right") + len(self.start)).tolist()
+        lane_names = LANE_NAMES[self.lane_code].tolist()
+        l_lo, l_hi = self.rank_lane_lo.tolist(), self.rank_lane_hi.tolist()
+        by_rank: dict[int, tuple[Task, ...]] = {}
+        lanes_of: dict[int, tuple[str, ...]] = {}
+        for i, r in enumerate(self.ranks):
+            by_rank[r] = tasks[k_lo[i]:k_hi[i]] + tasks[c_lo[i]:c_hi[i]]
+            lanes_of[r] = tuple(lane_names[l_lo[i]:l_hi[i]]) + (("comm",) if c_hi[i] > c_lo[i] else ())
+        return Tasks.grouped(tasks, by_rank, lanes_of, int(ends.max()) if len(ends) else None)
 
 
 def build_table(events: Mapping[int, Sequence[Event]], offsets: Mapping[int, int]) -> EventTable:
@@ -228,7 +258,7 @@ def build_table(events: Mapping[int, Sequence[Event]], offsets: Mapping[int, int
     comm_names: list[str] = []
     c_rank, c_src = rank_idx[c_order], src[c_order]
     bounds = np.append(np.flatnonzero(run_starts(c_rank)), len(c_rank)).tolist()
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         comm_names.extend(map(source[int(c_rank[lo])].name.__getitem__, c_src[lo:hi].tolist()))
 
     # Compute lanes: group by (rank, lane) keeping arrival order, then make sure each lane is in time order.

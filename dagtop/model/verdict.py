@@ -20,7 +20,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 
-from dagtop.model.snapshot import IterationAnalysis, SteadyStraggler, SteadyVerdict
+from dagtop.model.snapshot import WARM_UP, IterationAnalysis, SteadyStraggler, SteadyVerdict
 
 WINDOW = 20
 """Iterations the steady verdict looks back over."""
@@ -32,8 +32,6 @@ NAME_AFTER = 5
 """...of at least this many iterations (two ranks taking turns are late 2 in 3 by chance)..."""
 KEEP_SHARE = 0.4
 """...and stays named while it is late in more than this fraction."""
-WARM_UP = 1
-"""Iterations left out of the window while later ones exist: DDP rebuilds its buckets after iteration 0."""
 
 
 def counts(a: IterationAnalysis) -> bool:

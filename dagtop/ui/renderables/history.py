@@ -9,13 +9,11 @@ from rich.segment import Segment as RichSegment
 from rich.style import Style
 from rich.text import Text
 
-from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.snapshot import WARM_UP, IterationAnalysis
 from dagtop.ui.palette import STACK_ORDER, colour
 from dagtop.ui.renderables.cells import Cell, cells_to_text
 
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
-WARM_UP = 1
-"""Iterations below this number do not set the scale; a taller bar is clipped."""
 AXIS_WIDTH = 7
 """Cells for the ms labels on the left."""
 
@@ -70,7 +68,7 @@ def history_lines(analyses: Sequence[IterationAnalysis], width: int, height: int
     plot_w = max(width - AXIS_WIDTH, 1)
     shown = list(analyses)[-plot_w:]
     widths = bar_widths(len(shown), plot_w)
-    # Iteration 0 pays for warm-up (allocator, DDP's bucket rebuild): it would flatten every other bar.
+    # Warm-up iterations do not set the scale (a taller bar is clipped): they would flatten every other bar.
     steady = [a.measured_ms for a in shown if a.iteration >= WARM_UP] or [a.measured_ms for a in shown]
     peak = max(steady, default=0.0)
     scale = rows / peak if peak > 0 else 0.0

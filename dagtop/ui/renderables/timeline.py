@@ -116,17 +116,15 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
     overlaid).
     """
     plot_w = max(width - LABEL_WIDTH, 1)
-    ends = [t.end_ns for t in analysis.tasks] + [s.end_ns for s in analysis.critical_path]
-    ends += [c.end_ns for c in analysis.collectives]
+    tasks = analysis.tasks  # grouped by rank once, by the model: a redraw only reads the groups
+    ends = [s.end_ns for s in analysis.critical_path] + [c.end_ns for c in analysis.collectives]
+    if tasks.end_ns is not None:
+        ends.append(tasks.end_ns)
     end_ns = max(ends, default=analysis.origin_ns + 1)
     grid = _Grid(analysis.origin_ns, end_ns, plot_w)
     total_ms = (end_ns - analysis.origin_ns) / 1e6
 
-    lanes: dict[int, set[str]] = {}
-    tasks_of: dict[int, list[Task]] = {}
-    for t in analysis.tasks:
-        lanes.setdefault(t.rank, set()).add(t.lane)
-        tasks_of.setdefault(t.rank, []).append(t)
+    lanes = tasks.lanes
     straggler = analysis.straggler.rank if analysis.straggler else None
     on_path = {s.rank for s in analysis.critical_path if s.rank is not None}
 
@@ -153,7 +151,7 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
     for r in shown:
         lane_groups = [[lane] for lane in sorted(lanes[r], key=_lane_key)] if split else [sorted(lanes[r], key=_lane_key)]
         for group in lane_groups:
-            spans = list(_rank_spans(tasks_of[r], r, group, critical_by_rank, waits))
+            spans = list(_rank_spans(tasks.by_rank[r], r, group, critical_by_rank, waits))
             name = f"r{r} {group[0]}" if split else f"r{r}"
             style: Style | str = FOCUS_STYLE if r == focus_rank else (STRAGGLER_COLOUR if r == straggler else "")
             rows.append(Row(name, style, _paint(grid, spans)))

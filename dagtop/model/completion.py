@@ -1,0 +1,175 @@
+"""Completion: when an iteration's frames are all in (or given up on), its analysis, and the window of analyses.
+
+The rule of what "complete" means lives here, in :func:`missing`, for the live screen, ``report`` and
+``record`` alike.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from dagtop.model import verdict
+from dagtop.model.admission import Admission
+from dagtop.model.analysis import analyse
+from dagtop.model.clocks import ClockAligner
+from dagtop.model.snapshot import NO_TASKS, WARM_UP, IterationAnalysis
+from dagtop.model.whatif import CommFit
+from dagtop.recording import RawFrame
+from instrument import wire
+
+_REMEMBERED = 4096
+"""Analysed iteration numbers remembered, to recognise frames that come after their iteration was analysed."""
+
+
+def missing(admission: Admission, iteration: int, have: Iterable[int]) -> set[int]:
+    """The ranks whose frame of ``iteration`` is still awaited: every rank below the world size that had not
+    said bye before it (a bye counts the iterations the rank ran), less the ranks in ``have``.
+
+    An iteration is complete when none is missing. The world size and the byes are the admission's, so an
+    iteration complete for ``record`` is complete on the screen and in ``report``.
+    """
+    ranks = admission.ranks
+    expected = {r for r in range(admission.world or 0)
+                if not ((s := ranks.get(r)) and s.bye and s.bye.iterations <= iteration)}
+    return expected.difference(have)
+
+
+class Completion:
+    """Holds each iteration's frames until it is complete or given up on, then analyses it into the window.
+
+    Policy (each counted, never raised):
+      * an iteration still missing a rank ``incomplete_after_ns`` after its first frame arrived (monitor clock,
+        so replays behave like the live run), or once every missing rank has moved past it or said bye:
+        analysed alone with ``complete=False``. If the missing frame turns up while the iteration is still
+        retained it is re-analysed; a frame for an iteration already analysed complete is rejected;
+      * past ``window`` analyses the oldest leave; past ``task_budget`` tasks across the window the oldest
+        analyses give up their ``tasks`` (memory).
+
+    Args:
+        admission: whose world size, byes and ranks' clocks the rule and the analysis read; rejections are
+            counted there too.
+        clocks: the offsets that put every rank on one clock (fed the hellos by the caller).
+    """
+
+    def __init__(self, admission: Admission, clocks: ClockAligner, window: int | None, incomplete_after_ns: int,
+                 task_budget: int) -> None:
+        self.window = window
+        self.incomplete_after_ns = incomplete_after_ns
+        self.task_budget = task_budget
+        self.analyses: list[IterationAnalysis] = []
+        """The retained analyses, oldest first."""
+        self.incomplete = 0
+        """Analyses given up on that are still incomplete."""
+        self._admission = admission
+        self._clocks = clocks
+        self._pending: dict[int, dict[int, Sequence[wire.Event]]] = {}
+        self._first_received: dict[int, int] = {}
+        self._analysed: OrderedDict[int, bool] = OrderedDict()
+        self._partial: dict[int, dict[int, Sequence[wire.Event]]] = {}
+        self._tasks_kept = 0
+        self._comm = CommFit()
+
+    def add(self, raw: RawFrame, frame: wire.IterationBatch) -> None:
+        """One admitted iteration frame: pending, or a late part of an iteration already given up on."""
+        it, r = frame.iteration, frame.rank
+        if it in self._partial:
+            self._partial[it][r] = frame.events
+            self._reanalyse(it)
+            return
+        if it in self._analysed:
+            self._admission.reject(f"iteration {it} of rank {r} came after the iteration was analysed")
+            return
+        self._pending.setdefault(it, {})[r] = frame.events
+        self._first_received.setdefault(it, raw.received_ns)
+
+    def settle(self, now_ns: int) -> None:
+        """Analyse every pending iteration that is complete, or given up on at monitor time ``now_ns``."""
+        ranks = self._admission.ranks
+        for it in sorted(self._pending):
+            absent = missing(self._admission, it, self._pending[it])
+            gone = all(
+                (s := ranks.get(r)) is not None and s.last_iteration is not None and s.last_iteration > it
+                for r in absent
+            )
+            if not absent or gone or now_ns - self._first_received[it] > self.incomplete_after_ns:
+                self._analyse_pending(it)
+
+    def finish(self) -> None:
+        """The source is exhausted: analyse what is pending (incomplete where a rank is missing)."""
+        for it in sorted(self._pending):
+            self._analyse_pending(it)
+
+    def _analyse_pending(self, it: int) -> None:
+        events = self._pending.pop(it)
+        self._first_received.pop(it, None)
+        complete = not missing(self._admission, it, events)
+        analysis = self._analyse(it, events, complete)
+        if analysis is None:
+            return
+        if not complete:
+            self.incomplete += 1
+            self._partial[it] = dict(events)
+        self._remember(it)
+        self._insert(analysis)
+
+    def _reanalyse(self, it: int) -> None:
+        events = self._partial[it]
+        complete = not missing(self._admission, it, events)
+        analysis = self._analyse(it, events, complete)
+        if analysis is None:
+            return
+        i = next((i for i, a in enumerate(self.analyses) if a.iteration == it), None)
+        if i is not None:
+            self._tasks_kept -= len(self.analyses[i].tasks)
+            del self.analyses[i]
+        if complete:
+            self.incomplete -= 1
+            del self._partial[it]
+        self._insert(analysis)
+
+    def _analyse(self, it: int, events: dict[int, Sequence[wire.Event]], complete: bool) -> IterationAnalysis | None:
+        ranks = [r for r in events if events[r]]
+        if not ranks:
+            return None
+        self._clocks.observe(events)
+        offsets = self._clocks.offsets(ranks)
+        states = self._admission.ranks
+        previous = {r: end + offsets[r] for r in ranks if (end := states[r].update_end.get(it - 1)) is not None}
+        try:
+            analysis = analyse(it, events, offsets, previous, complete, self._comm.model())
+        except Exception as exc:  # noqa: BLE001 - a model bug must not take the monitor down
+            self._admission.reject(f"iteration {it} could not be analysed: {type(exc).__name__}: {exc}")
+            return None
+        if it >= WARM_UP:  # warm-up buckets are not the job's: keep them out of the fit
+            for c in analysis.collectives:
+                self._comm.add(len(analysis.ranks), c.bytes, (c.end_ns - c.start_ns) / 1e9)
+        return analysis
+
+    def _remember(self, it: int) -> None:
+        self._analysed[it] = True
+        while len(self._analysed) > _REMEMBERED:
+            old, _ = self._analysed.popitem(last=False)
+            self._partial.pop(old, None)
+
+    def _insert(self, analysis: IterationAnalysis) -> None:
+        keys = [a.iteration for a in self.analyses]
+        at = bisect.bisect(keys, analysis.iteration)
+        self.analyses.insert(at, analysis)
+        self._tasks_kept += len(analysis.tasks)
+        # The steady verdict of this iteration and of any after it (a late re-analysis) follows from the one before.
+        self.analyses[at:] = verdict.fold(self.analyses, at)
+        if self.window is not None:
+            while len(self.analyses) > self.window:
+                old = self.analyses.pop(0)
+                self._tasks_kept -= len(old.tasks)
+                self._partial.pop(old.iteration, None)
+        i = 0
+        while self._tasks_kept > self.task_budget and i < len(self.analyses) - 1:
+            a = self.analyses[i]
+            if a.tasks:
+                self._tasks_kept -= len(a.tasks)
+                self.analyses[i] = dataclasses.replace(a, tasks=NO_TASKS)
+            i += 1
