@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from dagtop import __version__
+from dagtop.exits import Exit, table
 from dagtop.sources import DEFAULT_ENDPOINT
 
 BOTTLENECKS = ("none", "io", "compute", "allreduce", "pcie")
-EXIT_BROKEN_PIPE = 141
-"""What a shell reports for a writer stopped by SIGPIPE."""
 
 
 def _iteration_range(text: str) -> tuple[int | None, int | None]:
@@ -72,11 +72,27 @@ def _output_file(text: str) -> str:
     return text
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, except that the epilog's table keeps a line per exit status, each meaning wrapped under itself."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" not in text:  # the description: one paragraph, filled as argparse does
+            return super()._fill_text(text, width, indent)
+        return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent + " " * 5)
+                         for line in text.splitlines())
+
+
+def _exit_statuses() -> str:
+    return "exit status:\n" + "\n".join(f"{number:<4} {meaning}" for number, _, meaning in table())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dagtop",
         description="Live cross-rank critical path of distributed training. "
         "With no command: collect from every rank and show the live screen.",
+        epilog=_exit_statuses(),
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dagtop {__version__}")
     parser.add_argument("--bind", type=_endpoint, default=DEFAULT_ENDPOINT,
@@ -121,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:  # `dagtop report run.dagtop | head`: the reader stopped early, no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second error at exit
-        return EXIT_BROKEN_PIPE
+        return Exit.BROKEN_PIPE
 
 
 def _run(args: argparse.Namespace) -> int:

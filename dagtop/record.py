@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from dagtop.recording import RecordingWriter
-from dagtop.sources import FrameSource, ZmqSource
+from dagtop.exits import Exit
+from dagtop.model.admission import Admission
+from dagtop.model.completion import missing
+from dagtop.recording import RawFrame, RecordingWriter
+from dagtop.sources import BindError, FrameSource, ZmqSource
 from instrument import wire
-
-EXIT_TIMEOUT = 2
-EXIT_SHORT = 1
-EXIT_INTERRUPTED = 130
 
 
 @dataclass
@@ -26,13 +25,16 @@ class RecordProgress:
     rejected: int = 0
     first_rejection: str | None = None
     ranks_seen: set[int] = field(default_factory=set)
+    """Ranks whose frames were taken in (a rank at or above the world size is rejected instead)."""
     ranks_expected: int | None = None
+    """The world size: ``--ranks``, else the largest in the hellos (None before any)."""
     ranks_done: set[int] = field(default_factory=set)
-    """Ranks that said bye."""
+    """Ranks that said bye (and not hello again since)."""
     iterations: dict[int, set[int]] = field(default_factory=dict)
     """Iteration number -> ranks that sent it."""
     complete: int = 0
-    """Iterations with a frame from every expected rank."""
+    """Iterations complete by the model's rule: a frame from every rank below the world size that had not said
+    bye before the iteration."""
     stopped_because: str = ""
     """'iterations', 'timeout', 'bye', 'stopped' or 'interrupted'."""
 
@@ -50,30 +52,49 @@ class RecordProgress:
 RecordResult = RecordProgress
 
 
-def _note(progress: RecordProgress, payload: bytes, ranks: int | None) -> None:
-    """Fold one frame into the progress (the frame is already on disk, whatever it holds)."""
-    try:
-        frame = wire.decode(payload)
-    except wire.WireError as exc:
-        progress.rejected += 1
-        progress.first_rejection = progress.first_rejection or str(exc)[:120]
-        return
-    progress.ranks_seen.add(frame.rank)
-    if isinstance(frame, wire.Hello) and ranks is None and frame.world > (progress.ranks_expected or 0):
-        progress.ranks_expected = frame.world
-        progress.complete = sum(1 for seen in progress.iterations.values() if _complete(seen, frame.world))
-    elif isinstance(frame, wire.IterationBatch):
-        seen = progress.iterations.setdefault(frame.iteration, set())
-        was = progress.ranks_expected is not None and _complete(seen, progress.ranks_expected)
-        seen.add(frame.rank)
-        if progress.ranks_expected is not None and not was and _complete(seen, progress.ranks_expected):
-            progress.complete += 1
-    elif isinstance(frame, wire.Bye):
-        progress.ranks_done.add(frame.rank)
+class _Tally:
+    """Folds frames into a :class:`RecordProgress` as the screen and ``report`` would judge them, without
+    analysing anything: the model's admission (ranks, world size, byes, duplicates, rejections) and its rule
+    of a complete iteration (:func:`~dagtop.model.completion.missing`). An iteration counts once, when its
+    last awaited frame is in; unlike the screen, the recorder never gives up on one."""
 
+    def __init__(self, progress: RecordProgress, ranks: int | None) -> None:
+        self.progress = progress
+        self.admission = Admission(ranks)
+        self.waiting: set[int] = set()
+        """Iterations seen and not complete yet."""
 
-def _complete(seen: set[int], expected: int) -> bool:
-    return sum(1 for r in seen if r < expected) == expected
+    def note(self, raw: RawFrame) -> None:
+        """Fold one frame into the progress (the frame is already on disk, whatever it holds)."""
+        p, admission = self.progress, self.admission
+        rejected = admission.rejected
+        ranks_changed = False
+        for _, frame in admission.admit(raw):
+            p.ranks_seen.add(frame.rank)
+            if isinstance(frame, (wire.Hello, wire.Bye)):
+                p.ranks_expected = admission.world
+                p.ranks_done = {r for r, s in admission.ranks.items() if s.bye is not None}
+                ranks_changed = True
+            elif isinstance(frame, wire.IterationBatch):
+                p.iterations.setdefault(frame.iteration, set()).add(frame.rank)
+                self.waiting.add(frame.iteration)
+                self._count((frame.iteration,))
+        if ranks_changed:  # a world size or a bye changes which ranks an iteration awaits
+            self._count(sorted(self.waiting))
+        if admission.rejected > rejected:
+            p.rejected = admission.rejected
+            p.first_rejection = p.first_rejection or (admission.last_rejection or "")[:120]
+
+    def _count(self, iterations: Iterable[int]) -> None:
+        p = self.progress
+        # Every rank below the world size is awaited but those that said bye: an iteration with fewer ranks in
+        # cannot be complete. That settles all but an iteration's last frame at no cost (the rule is O(world)).
+        least = (self.admission.world or 0) - len(p.ranks_done)
+        for it in iterations:
+            have = p.iterations[it]
+            if it in self.waiting and len(have) >= least and not missing(self.admission, it, have):
+                self.waiting.discard(it)
+                p.complete += 1
 
 
 def record(
@@ -96,6 +117,7 @@ def record(
         progress: called with the progress about five times a second, and once at the end.
     """
     state = RecordProgress(ranks_expected=ranks)
+    tally = _Tally(state, ranks)
     last_frame = time.monotonic()
     last_report = 0.0
     try:
@@ -105,7 +127,7 @@ def record(
             for raw in frames:
                 writer.append(raw)
                 state.frames += 1
-                _note(state, raw.payload, ranks)
+                tally.note(raw)
             if frames:
                 last_frame = now
             if progress is not None and now - last_report >= 0.2:
@@ -152,9 +174,9 @@ def run_record(args: argparse.Namespace) -> int:
     """The ``dagtop record`` command; returns the exit status."""
     try:
         source = ZmqSource(args.bind)
-    except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
-        print(f"dagtop record: cannot bind {args.bind}: {exc}", file=sys.stderr)
-        return EXIT_SHORT
+    except BindError as exc:
+        print(f"dagtop record: {exc}", file=sys.stderr)
+        return Exit.RECORD_CANNOT_BIND
     line = ProgressLine()
     with RecordingWriter(args.output) as writer:
         try:
@@ -173,15 +195,15 @@ def _exit_status(result: RecordResult, args: argparse.Namespace, frames: int) ->
             f"DAGTOP_ENDPOINT={args.bind}? ({frames} frames kept in {args.output})",
             file=sys.stderr,
         )
-        return EXIT_TIMEOUT
+        return Exit.TIMEOUT
     if result.stopped_because == "interrupted":
         print(f"dagtop record: interrupted; {frames} frames kept in {args.output}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     if args.iterations is not None and result.complete < args.iterations:
         print(
             f"dagtop record: every rank finished after {result.complete} complete iterations, "
             f"fewer than the {args.iterations} asked for",
             file=sys.stderr,
         )
-        return EXIT_SHORT
-    return 0
+        return Exit.SHORT
+    return Exit.OK

@@ -9,18 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from dagtop.exits import Exit
 from dagtop.model.pipeline import Pipeline
-from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.snapshot import WARM_UP, IterationAnalysis
 from dagtop.model.summary import summarize
 from dagtop.recording import RecordingError, RecordingReader
 
-WARM_UP = 1
-"""Iterations skipped unless the range asks for them: DDP rebuilds its buckets after iteration 0, and the
-first iteration also pays for allocator warm-up and lazy initialisation."""
-
 
 def select(analyses: Sequence[IterationAnalysis], iterations: tuple[int | None, int | None] | None) -> list[IterationAnalysis]:
-    """Analyses in ``[A, B)``; without a range, everything from iteration WARM_UP on (all, if that leaves none)."""
+    """Analyses in ``[A, B)``; without a range, everything past warm-up (all, if that leaves none)."""
     if iterations is None:
         chosen = [a for a in analyses if a.iteration >= WARM_UP]
         return chosen or list(analyses)
@@ -50,12 +47,12 @@ def run_report(args: argparse.Namespace) -> int:
     if not Path(path).is_file():
         what = "is a directory, not a recording" if Path(path).is_dir() else "no such file"
         print(f"dagtop report: {path}: {what}", file=err)
-        return 2
+        return Exit.BAD_INPUT
     try:
         pipeline, truncated = load(path)
     except (RecordingError, OSError) as exc:
         print(f"dagtop report: {exc}", file=err)
-        return 2
+        return Exit.BAD_INPUT
     snap = pipeline.snapshot()
     if truncated:
         print(f"dagtop report: warning: {path} ends in a cut-short record (the recorder was stopped mid-write); "
@@ -65,12 +62,12 @@ def run_report(args: argparse.Namespace) -> int:
     analyses = pipeline.analyses()
     if not analyses:
         print(f"dagtop report: {path} holds no iteration of any rank", file=err)
-        return 2
+        return Exit.BAD_INPUT
     chosen = select(analyses, args.iterations)
     if not chosen:
         print(f"dagtop report: no analysed iteration in the range asked for "
               f"(the recording has {analyses[0].iteration}..{analyses[-1].iteration})", file=err)
-        return 2
+        return Exit.BAD_INPUT
     summary = summarize(chosen)
     summary["dropped"] = snap.dropped
     summary["rejected"] = snap.rejected
@@ -81,7 +78,7 @@ def run_report(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         write_text(summary, sys.stdout)
-    return 0
+    return Exit.OK
 
 
 def write_text(s: dict[str, Any], out: TextIO) -> None:

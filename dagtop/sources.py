@@ -14,8 +14,14 @@ from collections.abc import Iterator
 import zmq
 
 from dagtop.recording import RawFrame, RecordingReader
+from instrument.wire import DEFAULT_ENDPOINT
 
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+ANY_LOCAL_PORT = "tcp://127.0.0.1:*"
+"""Bind a port ZeroMQ picks on 127.0.0.1 (the demo's default): :attr:`ZmqSource.endpoint` then names it."""
+
+
+class BindError(Exception):
+    """The SUB socket cannot bind its endpoint; the message is the one line to tell the user."""
 
 
 class FrameSource(ABC):
@@ -38,25 +44,38 @@ class FrameSource(ABC):
 
 
 class ZmqSource(FrameSource):
-    """Binds a SUB socket that every rank's PUB connects to."""
+    """Binds a SUB socket that every rank's PUB connects to: the one place dagtop binds (live, record, demo).
+
+    Raises:
+        BindError: the endpoint is in use, or not an address of this machine.
+    """
 
     live = True
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
-        self.endpoint = endpoint
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.RCVHWM, 100_000)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
-        self._socket.bind(endpoint)
+        try:
+            self._socket.bind(endpoint)
+        except zmq.ZMQError as exc:
+            self._socket.close(linger=0)
+            why = str(exc) if exc.errno is None else zmq.strerror(exc.errno)  # pyzmq's own text repeats the address
+            hint = " (is another dagtop running? try --bind)" if exc.errno == zmq.EADDRINUSE else ""
+            raise BindError(f"cannot bind {endpoint}: {why}{hint}") from exc
+        self.endpoint = endpoint
+        """Where the ranks publish: as asked, or the port ZeroMQ picked for a ``*`` or ``0`` one."""
+        if endpoint.startswith("tcp://") and endpoint.rpartition(":")[2] in ("*", "0"):
+            self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._poller = zmq.Poller()
         self._poller.register(self._socket, zmq.POLLIN)
 
     def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
         if not self._poller.poll(int(timeout_s * 1000)):
             return []
-        frames = []
+        frames: list[RawFrame] = []
         while len(frames) < max_frames:
             try:
                 payload = self._socket.recv(zmq.NOBLOCK)

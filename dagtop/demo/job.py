@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from dagtop.exits import Exit
+
 BOTTLENECKS = ("none", "io", "compute", "allreduce", "pcie")
 CLASSES = 10
 IMAGE = 32
@@ -43,9 +45,7 @@ MONITOR_POLL_S = 0.5
 """How often a rank looks whether its monitor is still its parent."""
 ORPHAN_GRACE_S = 5.0
 """An orphaned rank stops at the next iteration boundary; if it has not exited this long after noticing (a
-collective stuck on a peer that is already gone), it exits at once."""
-EXIT_ORPHANED = 3
-"""The exit status of a rank that gave up on a graceful stop after its monitor died (nobody waits for it)."""
+collective stuck on a peer that is already gone), it exits at once, with :attr:`~dagtop.exits.Exit.ORPHANED`."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,7 +168,7 @@ def watch_monitor(monitor_pid: int, rank: int) -> threading.Thread:
         Stop.requested = True
         time.sleep(ORPHAN_GRACE_S)
         print(f"demo: rank {rank}: still running {ORPHAN_GRACE_S:g} s later; exiting", file=sys.stderr, flush=True)
-        os._exit(EXIT_ORPHANED)
+        os._exit(Exit.ORPHANED)
 
     thread = threading.Thread(target=watch, name="dagtop-monitor-watch", daemon=True)
     thread.start()
@@ -177,15 +177,15 @@ def watch_monitor(monitor_pid: int, rank: int) -> threading.Thread:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     slow = args.bottleneck != "none" and (args.straggler is None or args.straggler == rank)
     if args.bottleneck == "pcie" and not args.device.startswith("cuda"):
         print("demo: --bottleneck pcie needs --device cuda (a CPU job copies nothing over PCIe)", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if args.bottleneck == "allreduce" and args.straggler is not None:
         print("demo: every rank all-reduces the same bytes; --straggler does not apply to allreduce",
               file=sys.stderr)
-        return 2
+        return Exit.USAGE
     Stop.install()
     if os.environ.get(MONITOR_PID_ENV, "").isdigit():
         watch_monitor(int(os.environ[MONITOR_PID_ENV]), rank)
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"demo: step {step} loss {loss.item():.3f}", flush=True)
             if Stop.requested or (args.iterations is not None and step >= args.iterations):
                 break
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if not Stop.requested:
             raise
         print(f"demo: rank {rank} stopped mid-iteration ({type(exc).__name__})", file=sys.stderr)
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Stop.requested:
         dist.barrier()  # no rank tears gloo down while another still waits on it
     dist.destroy_process_group()
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

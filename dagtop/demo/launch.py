@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import IO
 
 from dagtop.demo.job import MONITOR_PID_ENV
+from dagtop.exits import Exit
 from dagtop.record import ProgressLine, record
 from dagtop.recording import RecordingWriter
-from dagtop.sources import ZmqSource
+from dagtop.sources import ANY_LOCAL_PORT, BindError, ZmqSource
 
 DEFAULT_RECORD_ITERATIONS = 50
 SILENCE_TIMEOUT_S = 60.0
@@ -29,13 +30,16 @@ memory. Without them every step's fresh 128 MB gradient of the allreduce demo is
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the usual race is acceptable for a demo)."""
+    """A TCP port that was free a moment ago, for what must be told its port before it binds (torch's
+    MASTER_PORT); another process may take it in between."""
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
 def free_endpoint() -> str:
+    """An endpoint on a port that was free a moment ago, for tests and benchmarks that name it before they bind it.
+    ``dagtop demo`` does not race: it binds :data:`~dagtop.sources.ANY_LOCAL_PORT` and tells its ranks the port."""
     return f"tcp://127.0.0.1:{free_port()}"
 
 
@@ -151,9 +155,15 @@ def _refusal(args: argparse.Namespace) -> str | None:
 
 
 def record_demo(job: DemoJob, path: str | os.PathLike[str], iterations: int, progress: ProgressLine | None = None,
-                endpoint: str | None = None) -> int:
-    """Bind first (a late subscriber misses frames), start the job, record ``iterations``, stop; 0 on success."""
-    source = ZmqSource(endpoint or job.endpoint)
+                source: ZmqSource | None = None) -> int:
+    """Bind first (a late subscriber misses frames), start the job, record ``iterations``, stop; 0 on success.
+
+    Args:
+        source: bound already on ``job.endpoint`` (``dagtop demo`` binds before it knows the port); default: bind
+            ``job.endpoint`` here, raising :class:`~dagtop.sources.BindError` if it cannot.
+    """
+    if source is None:
+        source = ZmqSource(job.endpoint)
     try:
         with RecordingWriter(path) as writer:
             job.start()
@@ -169,8 +179,8 @@ def record_demo(job: DemoJob, path: str | os.PathLike[str], iterations: int, pro
     if result.stopped_because != "iterations":
         print(f"dagtop demo: recording stopped ({result.stopped_because}) after {result.complete} complete "
               f"iterations; job log {job.log_path}:\n{job.log_tail()}", file=sys.stderr)
-        return 1
-    return 0
+        return Exit.SHORT
+    return Exit.OK
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -178,13 +188,16 @@ def run_demo(args: argparse.Namespace) -> int:
     refusal = _refusal(args)
     if refusal:
         print(f"dagtop demo: {refusal}", file=sys.stderr)
-        return 2
-    endpoint = args.bind or free_endpoint()
-    job = job_from_args(args, endpoint)
+        return Exit.USAGE
+    try:  # bound before the ranks start, on the port they are then told: nothing can take it in between
+        source = ZmqSource(args.bind or ANY_LOCAL_PORT)
+    except BindError as exc:
+        print(f"dagtop demo: {exc}", file=sys.stderr)
+        return Exit.CANNOT_BIND
+    job = job_from_args(args, source.endpoint)
     if args.record:
         iterations = args.iterations or DEFAULT_RECORD_ITERATIONS
-        return record_demo(job, args.record, iterations, ProgressLine())
-    args.bind = endpoint
+        return record_demo(job, args.record, iterations, ProgressLine(), source)
     from dagtop.ui.run import run_demo_live
 
-    return int(run_demo_live(args, job))
+    return run_demo_live(args, job, source)

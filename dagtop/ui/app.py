@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import BindingType
 from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from dagtop.exits import Exit
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import EMPTY_SNAPSHOT, IterationAnalysis, Snapshot
 from dagtop.sources import FrameSource
 from dagtop.telemetry import Sampler
 from dagtop.ui.collector import Collector
+from dagtop.ui.keys import SCREEN_KEYS
 from dagtop.ui.screens.help import HelpScreen
 from dagtop.ui.screens.rank_picker import RankPicker
 from dagtop.ui.screens.what_if import WhatIfScreen
@@ -53,17 +55,10 @@ class DagtopApp(App[int]):
     CSS_PATH = "dagtop.tcss"
     TITLE = "dagtop"
     ENABLE_COMMAND_PALETTE = False
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
-    BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("p,space", "toggle_pause", "Pause", key_display="p"),
-        Binding("left", "step(-1)", "Prev it", key_display="←"),
-        Binding("right", "step(1)", "Next it", key_display="→"),
-        Binding("r", "pick_rank", "Rank"),
-        Binding("w", "what_if", "What-if"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-    ]
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (30, "-tall")]
+    BINDINGS: ClassVar[list[BindingType]] = list(SCREEN_KEYS)
+    """Declared, each with what the help says of it, in :mod:`dagtop.ui.keys`."""
 
     paused: reactive[bool] = reactive(False)
     """True while the screen is frozen on one snapshot (collecting goes on underneath)."""
@@ -176,7 +171,7 @@ class DagtopApp(App[int]):
         if self.job is None or self.job_exited is not None or self.job.running:
             return
         codes = self.job.returncodes
-        how = "finished" if all(c == 0 for c in codes) else f"died (exit codes {codes})"
+        how = "finished" if all(c == Exit.OK for c in codes) else f"died (exit codes {codes})"
         self.job_exited = f"the demo job {how}" + (f" · log: {self.job_log}" if self.job_log else "")
         self.alert.say(self.job_exited)
         self.status_bar.job_exited = True

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+from dagtop.exits import Exit
 from dagtop.recording import RecordingError
-from dagtop.sources import FrameSource, RecordingSource, ZmqSource
+from dagtop.sources import BindError, FrameSource, RecordingSource, ZmqSource
 from dagtop.telemetry import TelemetrySampler
 from dagtop.ui.app import make_app
 
@@ -23,28 +25,20 @@ def _run(source: FrameSource, **kwargs: Any) -> int:
     try:
         app = make_app(source, sampler=sampler, **kwargs)
         app.run()
-        return app.return_code or 0
+        return app.return_code or Exit.OK
     finally:
         source.close()
         if sampler is not None:
             sampler.close()
 
 
-def _bind(endpoint: str) -> ZmqSource | None:
-    import zmq
-
-    try:
-        return ZmqSource(endpoint)
-    except zmq.ZMQError as exc:
-        print(f"dagtop: cannot bind {endpoint}: {exc} (is another dagtop running? try --bind)", file=sys.stderr)
-        return None
-
-
 def run_live(args: argparse.Namespace) -> int:
     """``dagtop [--bind ENDPOINT] [--ranks N]``: bind, then show every rank that publishes there."""
-    source = _bind(args.bind)
-    if source is None:
-        return 2
+    try:
+        source = ZmqSource(args.bind)
+    except BindError as exc:
+        print(f"dagtop: {exc}", file=sys.stderr)
+        return Exit.CANNOT_BIND
     return _run(source, expected_ranks=args.ranks)
 
 
@@ -53,29 +47,28 @@ def run_replay(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         print(f"dagtop replay: {path}: no such file", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     try:
         source = RecordingSource(path, speed=args.speed)
     except (RecordingError, OSError) as exc:
         print(f"dagtop replay: {exc}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     speed = "" if args.speed <= 0 else f" ×{args.speed:g}"
     return _run(source, source_label=f"replay {path.name}{speed}")
 
 
-def run_demo_live(args: argparse.Namespace, job: Any) -> int:
-    """``dagtop demo``: bind first (frames sent before the bind are lost), start the job, watch, stop it on quit."""
-    source = _bind(args.bind)
-    if source is None:
-        return 2
-    job.start()
+def run_demo_live(args: argparse.Namespace, job: Any, source: ZmqSource) -> int:
+    """``dagtop demo``: start the job on ``source``, bound already (frames sent before the bind are lost), watch,
+    stop it on quit."""
     try:
+        job.start()
         label = f"demo {args.ranks} ranks · {args.bottleneck}"
         if args.straggler is not None:
             label += f" · straggler {args.straggler}"
         return _run(source, source_label=label, expected_ranks=args.ranks, job=job,
                     job_log=str(getattr(job, "log_path", "")))
     finally:
+        source.close()  # _run has, unless the job failed to start
         codes = job.stop(10.0)
-        if any(c not in (0, None, -15) for c in codes):
+        if any(c not in (Exit.OK, None, -signal.SIGTERM) for c in codes):
             print(f"dagtop demo: the job exited with {codes}; log: {getattr(job, 'log_path', '?')}", file=sys.stderr)

@@ -7,7 +7,6 @@ from rich.text import Text
 from dagtop.model.snapshot import IterationAnalysis, SteadyVerdict
 from dagtop.ui.palette import STRAGGLER_COLOUR, colour, label
 
-
 NARROW = 100
 """Below this many columns the headline uses its short form, so that the straggler's count still fits."""
 

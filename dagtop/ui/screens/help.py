@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
 from rich.console import Group, RenderableType
@@ -10,20 +11,21 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.keys import format_key
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from dagtop.ui.keys import SCREEN_KEYS
 from dagtop.ui.palette import legend
 
-KEYS = (
-    ("q", "quit"),
-    ("p, space", "pause / resume the screen (collecting goes on)"),
-    ("←  →", "previous / next iteration (← pauses)"),
-    ("r", "focus a rank: its rows first and highlighted"),
-    ("w", "what-if details: each change and what it means"),
-    ("?", "this help"),
-)
-"""Every key the screen answers, as the help lists it."""
+
+def key_rows(bindings: Iterable[Binding]) -> tuple[tuple[str, str], ...]:
+    """(keys, meaning) per binding: each of its keys as Textual shows it (``p, space``), and its tooltip."""
+    return tuple((", ".join(format_key(key.strip()) for key in b.key.split(",")), b.tooltip) for b in bindings)
+
+
+KEYS = key_rows(SCREEN_KEYS)
+"""Every key the main screen answers, as the help lists it."""
 
 PANELS = (
     ("status", "source, ranks connected / expected, iteration shown, iterations/s, lag, frames lost"),

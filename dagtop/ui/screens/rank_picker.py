@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
@@ -31,7 +32,7 @@ def rank_option(row: RankRow) -> Text:
 class RankPicker(ModalScreen[int | None]):
     """Dismisses with the chosen rank, None for no focus; escape keeps the current focus (dismisses with -1)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, rows: Sequence[RankRow], current: int | None) -> None:
         super().__init__()

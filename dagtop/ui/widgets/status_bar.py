@@ -17,7 +17,7 @@ class StatusBar(Panel):
     job_exited: reactive[bool] = reactive(False, layout=False)
     """The job the screen started (``dagtop demo``) has exited: no rate to show any more."""
 
-    def __init__(self, source: str, live: bool, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+    def __init__(self, source: str, live: bool, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.source = source
         self.live = live
