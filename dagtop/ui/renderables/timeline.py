@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment as RichSegment
@@ -19,6 +20,7 @@ from rich.text import Text
 from dagtop.model.snapshot import IterationAnalysis, Task
 from dagtop.ui.palette import FOCUS_STYLE, STRAGGLER_COLOUR, colour
 from dagtop.ui.renderables.cells import Cell, cells_to_text
+from instrument.events import CATEGORIES
 
 LABEL_WIDTH = 10
 """Cells for the row labels (``r12 comm``) on the left."""
@@ -46,6 +48,10 @@ class _Grid:
         self.origin = origin_ns
         self.width = max(width, 1)
         self.scale = self.width / max(end_ns - origin_ns, 1)
+        self.lo = [origin_ns + c / self.scale for c in range(self.width)]
+        self.hi = [origin_ns + (c + 1) / self.scale for c in range(self.width)]
+        """Each cell's time span, as :meth:`overlap` computes it (the painter inlines it: a redraw has 10^5 cells
+        to weigh)."""
 
     def span(self, start_ns: int, end_ns: int) -> range:
         c0 = int((start_ns - self.origin) * self.scale)
@@ -66,11 +72,18 @@ _PRIORITY = {OFF_PATH: 0, WAIT: 1, COLLECTIVE: 1, CRITICAL: 2}
 def _paint_cells(grid: _Grid, spans: Iterable[tuple[int, int, str, Style]]) -> list[Cell]:
     """Each cell shows one span touching it: ``(start, end, glyph, style)``."""
     best: list[tuple[tuple[int, float], str, Style] | None] = [None] * grid.width
+    lo, hi = grid.lo, grid.hi
     for start, end, glyph, style in spans:
         priority = _PRIORITY.get(glyph, 0)
         for c in grid.span(start, end):
-            key = (priority, grid.overlap(c, start, end))
             cur = best[c]
+            if cur is not None and cur[0][0] > priority:
+                continue
+            # grid.overlap(c, start, end), inlined: the painter's inner loop, where min() and max() calls cost a
+            # third more per redraw (benchmarks/bench_timeline.py).
+            h, lo_c = hi[c], lo[c]
+            overlap = (h if h <= end else end) - (lo_c if lo_c >= start else start)  # noqa: FURB136
+            key = (priority, overlap if overlap > 0 else 1e-9)
             if cur is None or key > cur[0]:
                 best[c] = (key, glyph, style)
     return [(" ", "") if b is None else (b[1], b[2]) for b in best]
@@ -162,6 +175,11 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
     return rows[:height] if height > 0 else rows
 
 
+_OFF_PATH_STYLE: Final = {c: Style(color=colour(c), dim=True) for c in CATEGORIES}
+_CRITICAL_STYLE: Final = {c: Style(color=colour(c), bold=True) for c in CATEGORIES}
+"""A task's style by category, made once (a redraw paints tens of thousands of tasks)."""
+
+
 def _rank_spans(
     tasks: Sequence[Task],
     rank: int,
@@ -178,14 +196,14 @@ def _rank_spans(
         mine = collectives if t.category == "allreduce" else critical
         on = [(max(s, t.start_ns), min(e, t.end_ns)) for s, e, c in mine
               if c == t.category and s < t.end_ns and e > t.start_ns]
-        yield t.start_ns, t.end_ns, OFF_PATH, Style(color=colour(t.category), dim=True)
+        yield t.start_ns, t.end_ns, OFF_PATH, _OFF_PATH_STYLE[t.category]
         for s, e in on:
-            yield s, e, CRITICAL, Style(color=colour(t.category), bold=True)
+            yield s, e, CRITICAL, _CRITICAL_STYLE[t.category]
         if t.category == "allreduce":
             for s, e in waits.get(rank, []):
                 lo, hi = max(s, t.start_ns), min(e, t.end_ns)
                 if hi > lo:
-                    yield lo, hi, WAIT, Style(color=colour("allreduce"), dim=True)
+                    yield lo, hi, WAIT, _OFF_PATH_STYLE["allreduce"]
 
 
 def _collective_spans(analysis: IterationAnalysis) -> Iterable[tuple[int, int, str, Style]]:
