@@ -96,8 +96,12 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
                              "it held up\n" if st else "none\n"))
     w("critical path    " + "  ".join(f"{c} {share * 100:.0f} %" for c, share in
                                       sorted(s["critical_path"].items(), key=lambda kv: -kv[1]) if share > 0) + "\n")
-    w(f"communication    {s['exposed_comm_ms']:.1f} ms exposed per iteration, "
-      f"{s['overlap_ratio'] * 100:.0f} % hidden under compute\n")
+    if s["communication_seen"] or s["ranks"] < 2:
+        w(f"communication    {s['exposed_comm_ms']:.1f} ms exposed per iteration, "
+          f"{s['overlap_ratio'] * 100:.0f} % hidden under compute\n")
+    else:
+        w("communication    none seen: no collective was timed on any rank\n"
+          "                 (dagtop times DDP's gradient all-reduce; FSDP and hand-written collectives not yet)\n")
     if s["what_if"]:
         w("what if          (model replay, median over iterations; throughput in samples/s against now)\n")
         for x in s["what_if"]:

@@ -212,6 +212,10 @@ class Tracer:
             time_buffer_sync(ddp, self._events.append, switch, self._fail)
             # Last: a comm hook cannot be unregistered, so nothing that can still fail comes after it.
             self._comm = BucketTimer(ddp, self._events.append, self._comm_stamp(ddp), switch, self._fail)
+        elif self.world > 1:
+            warnings.warn(f"dagtop: rank {self.rank} of {self.world} has no DistributedDataParallel around its model, "
+                          "so no collective is timed (FSDP and hand-written collectives are not yet): the report "
+                          "and the screen will say no communication was seen", RuntimeWarning, stacklevel=4)
 
     @property
     def enabled(self) -> bool:

@@ -38,7 +38,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
             "ranks": 0, "iterations": 0, "iteration_ms": {"median": 0.0, "p90": 0.0},
             "critical_path": {c: (1.0 if c == "other" else 0.0) for c in CATEGORIES}, "bottleneck": "other",
             "straggler": None, "predicted_iteration_ms": 0.0, "model_error": 0.0, "what_if": [],
-            "exposed_comm_ms": 0.0, "overlap_ratio": 1.0, "incomplete_iterations": 0,
+            "exposed_comm_ms": 0.0, "communication_seen": False, "overlap_ratio": 1.0, "incomplete_iterations": 0,
         }
     measured = [a.measured_ms for a in complete]
     path_ms = dict.fromkeys(CATEGORIES, 0.0)
@@ -88,6 +88,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
         "model_error": statistics.median(model_error(a) for a in complete),
         "what_if": what_if,
         "exposed_comm_ms": statistics.median(a.exposed_comm_ms for a in complete),
+        "communication_seen": any(a.collectives for a in complete),
         "overlap_ratio": statistics.median(a.overlap_ratio for a in complete),
         "incomplete_iterations": sum(1 for a in analyses if not a.complete),
     }

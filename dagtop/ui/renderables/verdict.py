@@ -29,7 +29,7 @@ def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: i
     if steady is None:
         text.append(label(analysis.bottleneck), style=f"bold {colour(analysis.bottleneck)}")
         text.append(f" on the critical path {now_share * 100:.0f} %", style="bold")
-        text.append(f" · exposed {analysis.exposed_comm_ms:.0f} ms · ")
+        text.append(f" · {_communication(analysis)} · ")
         s = analysis.straggler
         if s is None:
             text.append("no straggler")
@@ -54,10 +54,17 @@ def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: i
         _straggler(text, st.rank, st.category, st.busy_excess_ms, f", late {st.late}/{steady.iterations}")
     text.append(f" │ it {analysis.iteration}: ", style="dim")
     text.append(label(analysis.bottleneck), style=colour(analysis.bottleneck))
-    text.append(f" {now_share * 100:.0f} % · exposed {analysis.exposed_comm_ms:.0f} ms", style="dim")
+    text.append(f" {now_share * 100:.0f} % · {_communication(analysis)}", style="dim")
     if analysis.straggler is not None:
         text.append(f" · rank {analysis.straggler.rank} late", style="dim")
     return text
+
+
+def _communication(analysis: IterationAnalysis) -> str:
+    """Exposed communication, or that there was none to see: several ranks and no collective timed (no DDP)."""
+    if len(analysis.ranks) > 1 and not analysis.collectives:
+        return "no comm seen"
+    return f"exposed {analysis.exposed_comm_ms:.0f} ms"
 
 
 def _straggler(text: Text, rank: int, category: str, busy_ms: float, tail: str) -> None:
