@@ -50,19 +50,13 @@ class _Grid:
         self.scale = self.width / max(end_ns - origin_ns, 1)
         self.lo = [origin_ns + c / self.scale for c in range(self.width)]
         self.hi = [origin_ns + (c + 1) / self.scale for c in range(self.width)]
-        """Each cell's time span, as :meth:`overlap` computes it (the painter inlines it: a redraw has 10^5 cells
-        to weigh)."""
+        """Each cell's time span [lo, hi) in ns, computed once per grid: a redraw weighs 10^5 cells against them."""
 
     def span(self, start_ns: int, end_ns: int) -> range:
         c0 = int((start_ns - self.origin) * self.scale)
         c1 = int((end_ns - self.origin) * self.scale + 0.999)
         c0 = min(max(c0, 0), self.width - 1)
         return range(c0, min(max(c1, c0 + 1), self.width))
-
-    def overlap(self, cell: int, start_ns: int, end_ns: int) -> float:
-        lo = self.origin + cell / self.scale
-        hi = self.origin + (cell + 1) / self.scale
-        return max(0.0, min(hi, end_ns) - max(lo, start_ns)) or 1e-9
 
 
 _PRIORITY = {OFF_PATH: 0, WAIT: 1, COLLECTIVE: 1, CRITICAL: 2}
@@ -79,8 +73,8 @@ def _paint_cells(grid: _Grid, spans: Iterable[tuple[int, int, str, Style]]) -> l
             cur = best[c]
             if cur is not None and cur[0][0] > priority:
                 continue
-            # grid.overlap(c, start, end), inlined: the painter's inner loop, where min() and max() calls cost a
-            # third more per redraw (benchmarks/bench_timeline.py).
+            # The span's overlap with the cell, in ns (at least 1e-9, so a touch counts): written without min() and
+            # max(), whose calls cost a third more per redraw in this inner loop (benchmarks/bench_timeline.py).
             h, lo_c = hi[c], lo[c]
             overlap = (h if h <= end else end) - (lo_c if lo_c >= start else start)  # noqa: FURB136
             key = (priority, overlap if overlap > 0 else 1e-9)
