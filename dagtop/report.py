@@ -12,8 +12,11 @@ from typing import Any, TextIO
 from dagtop.exits import Exit
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import WARM_UP, IterationAnalysis
-from dagtop.model.summary import summarize
+from dagtop.model.summary import collectives, summarize
 from dagtop.recording import RecordingError, RecordingReader
+
+COLLECTIVES_SHOWN = 5
+"""The text report names this many collectives, those holding the most of the critical path."""
 
 
 def select(analyses: Sequence[IterationAnalysis], iterations: tuple[int | None, int | None] | None) -> list[IterationAnalysis]:
@@ -69,6 +72,7 @@ def run_report(args: argparse.Namespace) -> int:
               f"(the recording has {analyses[0].iteration}..{analyses[-1].iteration})", file=err)
         return Exit.BAD_INPUT
     summary = summarize(chosen)
+    summary["collectives"] = collectives(chosen)
     summary["dropped"] = snap.dropped
     summary["rejected"] = snap.rejected
     summary["truncated"] = truncated
@@ -101,7 +105,15 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
           f"{s['overlap_ratio'] * 100:.0f} % hidden under compute\n")
     else:
         w("communication    none seen: no collective was timed on any rank\n"
-          "                 (dagtop times DDP's gradient all-reduce; FSDP and hand-written collectives not yet)\n")
+          "                 (dagtop times DDP's all-reduce and fully_shard's all-gathers and reduce-scatters; not\n"
+          "                 FSDP1 or hand-written collectives)\n")
+    on_path = [c for c in s.get("collectives", ()) if c["critical_path"] > 0]
+    width = max((len(c["name"]) for c in on_path[:COLLECTIVES_SHOWN]), default=0)
+    for i, c in enumerate(on_path[:COLLECTIVES_SHOWN]):
+        w(f"{'on the path' if i == 0 else '':<17}{c['name']:<{width}} {c['critical_path'] * 100:3.0f} % of the path, "
+          f"median {c['median_ms']:.1f} ms, {_size(c['bytes'])}\n")
+    if len(on_path) > COLLECTIVES_SHOWN:
+        w(f"{'':<17}… {len(on_path) - COLLECTIVES_SHOWN} more collectives on the path (--json lists them all)\n")
     if s["what_if"]:
         w("what if          (model replay, median over iterations; throughput in samples/s against now)\n")
         for x in s["what_if"]:
@@ -113,3 +125,7 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
         w(f"note: {note}\n")
     if s.get("dropped"):
         w(f"note: {s['dropped']} events or frames were lost on the way\n")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.1f} kB"

@@ -104,6 +104,10 @@ class NullTracer:
     def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
+    def record(self, category: str, phase: str, name: str, start_ns: int, end_ns: int, nbytes: int = 0,
+               lane: str = "main") -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -251,6 +255,16 @@ class Tracer:
     def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
         """Time a ``with`` block as (category, "custom", name, "main")."""
         return _Task(self, name, category) if self._on else contextlib.nullcontext()
+
+    def record(self, category: str, phase: str, name: str, start_ns: int, end_ns: int, nbytes: int = 0,
+               lane: str = "main") -> None:
+        """Add a task timed elsewhere (a framework callback) to the current iteration: ``perf_counter_ns`` times.
+
+        For integrations (instrument/hf.py, instrument/lightning.py) that see a task begin and end in two
+        callbacks. Category, phase and lane must come from ``instrument.events``; they are not checked here.
+        """
+        if self._on:
+            self._events.append((category, phase, name[: wire.MAX_NAME_CHARS], lane, start_ns, end_ns, nbytes))
 
     def close(self) -> None:
         """Stop timing, flush, say bye. Idempotent, registered with atexit, never hangs."""

@@ -50,6 +50,9 @@ def test_report_says_no_communication_was_seen(tmp_path: Path, capsys: pytest.Ca
     blind, text = _report(tmp_path, _without_collectives(frames), capsys)
     assert blind["ranks"] == 2 and blind["communication_seen"] is False
     assert "communication    none seen: no collective was timed" in text and "hidden under compute" not in text
+    # No change to communication is offered on nothing: it would read ×1.00, a claim the data cannot make.
+    assert {w["change"] for w in seen["what_if"]} >= {"all-reduce ×0.5", "perfect overlap", "2N workers"}
+    assert {w["change"] for w in blind["what_if"]} == {"I/O hidden"} and "all-reduce ×" not in text
 
 
 def test_headline_says_no_communication_was_seen() -> None:

@@ -62,7 +62,7 @@ def analyse_dag(
     predicted = run_scenarios(dag, cases, origin, busy)
     # Exposed communication is what the iteration would lose if the collectives were free: with one rank and
     # one bucket per layer that is exactly the seed paper's tc_start[1] + t_c[1] - (tb_start[1] + t_b[1]).
-    free_comm = next(ms for c, ms in zip(cases, predicted) if c.change is Change.PERFECT_OVERLAP)
+    free_comm = next((ms for c, ms in zip(cases, predicted) if c.change is Change.PERFECT_OVERLAP), predicted_ms)
     exposed_ns = max(predicted_ms - free_comm, 0.0) * 1e6
     comm_ns = float(dag.catsum[dag.kind == COLLECTIVE, ALLREDUCE].sum())
     overlap = 1.0 if comm_ns <= 0 else min(max(1.0 - exposed_ns / comm_ns, 0.0), 1.0)

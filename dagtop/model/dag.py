@@ -11,7 +11,10 @@ critical path needs it. Assembly works on whole columns: Python loops run per ra
 Edges are precedence with a fixed latency: a node starts at ``max(pred end + latency) + gap`` where
 ``gap`` is the untimed host time observed in front of it. Collectives are single nodes fed by every
 rank's bucket-ready point; they start at the latest ready time, after the previous collective on the
-comm channel unless the observation shows them running concurrently.
+comm channel unless the observation shows them running concurrently. The update waits for the last ones.
+FSDP's collectives (named ``all-gather …``, ``reduce-scatter …``) also gate the compute that follows them: the
+rank's compute lane is cut again where one ends, the idle wait left out of the lanes, and the stretch after
+the cut waits for the collective (:func:`_gather_cuts`).
 
 Node ids. Rank by rank (in rank order): the rank's ORIGIN, then its RUNs lane by lane (lanes in the table's
 order: copy, gpu, main) and in time order within a lane; after every rank, the COLLECTIVEs in the order of their
@@ -63,6 +66,12 @@ from instrument.events import CATEGORIES, CATEGORY_CODE, PHASE_CODE, Event
 ALLREDUCE = CATEGORY_CODE["allreduce"]
 """Column of the collectives' time in every per-category array."""
 
+GATHER_KINDS = {"all-gather": True, "reduce-scatter": False, "all-reduce": False}
+"""FSDP's collectives (instrument/fsdp.py), by the first word of their name: True, the rank's compute always waits
+for it (an all-gather brings the unit's parameters); False, only where the rank's compute lane was idle while it
+ran (a reduce-scatter, or HSDP's all-reduce, that held the training thread). Other collectives (DDP's buckets)
+gate only the update."""
+
 ORIGIN, RUN, COLLECTIVE = 0, 1, 2
 """Node kinds: a rank's fixed start, a contracted stretch of one lane, a collective across ranks."""
 
@@ -79,6 +88,10 @@ class CollectiveObs:
     end: dict[int, int] = field(default_factory=dict)
     marker: dict[int, int] = field(default_factory=dict)
     """Rank → the node that ends at that rank's bucket-ready point."""
+    gate: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Rank → (the node of its compute lane that waits for this collective, that node's start), where it does:
+    every rank of an FSDP all-gather (the unit computes with the gathered parameters), the ranks a reduce-scatter
+    held (:data:`GATHER_KINDS`). Empty for DDP's buckets."""
     node: int = -1
     start_ns: int = 0
     end_ns: int = 0
@@ -195,10 +208,13 @@ def assemble(
     before = np.unique(np.concatenate([upd[upd >= 0], cross_dst, cross_src + 1]))
     before = before[before < len(t.start)]
     before = before[before > t.lane_lo[t.lane_of[before]]]  # never before a lane's first task
-    cut_lane = np.concatenate([marker_lane[c_rank], t.lane_of[before]]).astype(np.int64)
-    cut_left = np.concatenate([ready, t.end[before - 1]])
-    cut_right = np.concatenate([ready, t.start[before]])
+    g_idx, g_lane, g_left, g_right = _gather_cuts(t, with_lanes, c_rank, marker_lane, ready, c_end, hi)
+    cut_lane = np.concatenate([marker_lane[c_rank], t.lane_of[before], g_lane]).astype(np.int64)
+    cut_left = np.concatenate([ready, t.end[before - 1], g_left])
+    cut_right = np.concatenate([ready, t.start[before], g_right])
     order = np.lexsort((cut_right, cut_left, cut_lane))
+    if len(g_idx):
+        order = _disjoint(order, cut_lane, cut_left, cut_right, t)
     cut_lane, cut_left, cut_right = cut_lane[order], cut_left[order], cut_right[order]
 
     # Runs: the stretches between cuts, lane by lane; node ids: per rank its origin, then its runs.
@@ -241,8 +257,20 @@ def assemble(
     update_node = dict(zip(rank_numbers[has_upd].tolist(), run_node[_last_at_or_before(
         start_key, run_base, t.lane_of[upd[has_upd]], t.start[upd[has_upd]], t)].tolist()))
     marker = run_node[_last_at_or_before(end_key, run_base, marker_lane[c_rank], ready, t)]
+    gate = np.full(len(c_rank), -1, dtype=np.int64)
+    gate_start = np.zeros(len(c_rank), dtype=np.int64)
+    if len(g_idx):
+        # Cut k of a lane ends the lane's run k and starts its run k + 1. The gated run is the one right of the
+        # wait's cut; the ready point is taken by position too: by time, it could be an empty run past the wait.
+        sorted_at = np.empty(len(order), dtype=np.int64)
+        sorted_at[order] = np.arange(len(order))
+        k = sorted_at[len(order) - len(g_idx):]
+        after = run_base[cut_lane[k]] + position[k] + 1
+        gate[g_idx], gate_start[g_idx] = run_node[after], run_start[after]
+        k = sorted_at[g_idx]  # the ready cuts come first, one per collective's event
+        marker[g_idx] = run_node[run_base[cut_lane[k]] + position[k]]
 
-    obs = _observe(t, with_lanes, c_rank, ready, c_end, marker)
+    obs = _observe(t, with_lanes, c_rank, ready, c_end, marker, gate, gate_start)
     n_base = n_ranks + n_runs
     c_src, c_dst, c_lat = _collective_edges(obs, update_node, n_base)
     src.append(c_src)
@@ -271,8 +299,79 @@ def assemble(
                    lane_of, a, b, all_catsum, np.concatenate(src), np.concatenate(dst), np.concatenate(lat))
 
 
-def _observe(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, ready: I64, c_end: I64, marker: I64
-             ) -> list[CollectiveObs]:
+def _gather_cuts(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, marker_lane: I64, ready: I64,
+                 c_end: I64, hi: I64) -> tuple[I64, I64, I64, I64]:
+    """Where a rank resumes computing after an FSDP collective it waited for: (the collective's index among the
+    collectives' events, lane, left, right) per such collective and rank.
+
+    An FSDP unit cannot run before its parameters are gathered, so the first run of the rank's compute lane
+    (its marker lane) that starts at or after an all-gather's end waits for it. A reduce-scatter does the same
+    where the lane did nothing else while it ran, not even wait for a gather: issued synchronously on the
+    training thread (CPU, gloo), it held the rank; on a GPU the next layer's backward overlaps it, and then it
+    gates nothing. The cut leaves out the time the lane sat idle waiting, from the end of the last task that
+    started before the collective ended (never before it was issued) to the collective's end: that wait is the
+    collective's, not untimed host time (which no change shortens). A task still running at the end is not made
+    to wait: the cut is where it ends.
+    """
+    names = list(itertools.compress(t.comm_names, with_lanes.tolist()))
+    kind = [GATHER_KINDS.get(name.split(" ", 1)[0]) for name in names]
+    g_idx = np.array([i for i, k in enumerate(kind) if k is not None], dtype=np.int64)
+    if not len(g_idx):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    always = np.array([kind[i] for i in g_idx.tolist()], dtype=bool)
+    rank = c_rank[g_idx]
+    lane, issued = marker_lane[rank], ready[g_idx]
+    end = np.minimum(c_end[g_idx], hi[rank])
+    # The last task of the lane that starts before the collective's end, and the one after it.
+    j = np.searchsorted(t.key, lane * t.span + np.clip(end - t.t0, 0, t.span - 1), side="left") - 1
+    started = j >= t.lane_lo[lane]
+    last_end = np.where(started, t.end[j.clip(0)], issued)
+    left = np.maximum(issued, last_end)
+    right = np.maximum(end, left)
+    keep = always | ((last_end <= issued) & ~_within(lane, issued, end, lane[always], left[always], right[always], t))
+    return g_idx[keep], lane[keep], left[keep], right[keep]
+
+
+def _within(lane: I64, lo: I64, hi: I64, w_lane: I64, w_lo: I64, w_hi: I64, t: EventTable) -> npt.NDArray[np.bool_]:
+    """Whether each span ``lo:hi`` of ``lane`` overlaps one of the waits ``w_lo:w_hi`` of ``w_lane``."""
+    if not len(w_lane):
+        return np.zeros(len(lane), dtype=bool)
+    base, w_base = lane * t.span - t.t0, w_lane * t.span - t.t0
+    order = np.argsort(w_lo + w_base, kind="stable")
+    starts, reach = (w_lo + w_base)[order], np.maximum.accumulate((w_hi + w_base)[order])
+    k = np.searchsorted(starts, hi + base, side="left") - 1  # the waits that began before the span ended
+    overlaps: npt.NDArray[np.bool_] = (k >= 0) & (reach[k.clip(0)] > lo + base)
+    return overlaps
+
+
+def _disjoint(order: I64, cut_lane: I64, cut_left: I64, cut_right: I64, t: EventTable) -> I64:
+    """The cuts' order again, after moving every cut that falls inside a wait (another collective issued while
+    the lane waited for a gather) to where the wait began. Changes ``cut_left`` and ``cut_right`` in place.
+
+    Consecutive cuts must not overlap for the runs between them to be well formed. A point inside a wait becomes
+    a point at its start: the collective issued there did not wait for the gather. A wait inside a wait starts
+    where the first began and keeps its end: the lane resumes after each, in order of their ends.
+    """
+    base = cut_lane[order] * t.span - t.t0  # lanes encoded into the times: one running maximum serves them all
+    lo, hi = cut_left[order] + base, cut_right[order] + base
+    reach = np.maximum.accumulate(np.maximum(lo, hi))
+    inside = np.zeros(len(lo), dtype=bool)
+    inside[1:] = lo[1:] < reach[:-1]
+    if not inside.any():
+        return order
+    head = np.maximum.accumulate(np.where(inside, 0, np.arange(len(lo))))
+    start = lo[head] - base
+    moved = order[inside]
+    point = cut_left[moved] == cut_right[moved]
+    cut_left[moved] = start[inside]
+    cut_right[moved] = np.where(point, start[inside], np.maximum(cut_right[moved], start[inside]))
+    resorted: I64 = np.lexsort((cut_right, cut_left, cut_lane))
+    return resorted
+
+
+def _observe(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, ready: I64, c_end: I64, marker: I64,
+             gate: I64, gate_start: I64) -> list[CollectiveObs]:
     """One observation per bucket name, from every rank that reported it (its first report, if several)."""
     names = list(itertools.compress(t.comm_names, with_lanes.tolist()))
     if not names:
@@ -287,12 +386,17 @@ def _observe(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, read
     bounds = np.append(np.flatnonzero(run_starts(cid[o])), len(o))
     ranks = np.array(t.ranks, dtype=np.int64)[c_rank[o]].tolist()
     ready_l, end_l, marker_l = ready[o].tolist(), c_end[o].tolist(), marker[o].tolist()
+    gate_l, gate_start_l = gate[o].tolist(), gate_start[o].tolist()
+    gated = bool((gate >= 0).any())
     obs = []
     for k in range(len(bounds) - 1):
         i, j = int(bounds[k]), int(bounds[k + 1])
         rs = ranks[i:j]
-        obs.append(CollectiveObs(first_name[int(cid[o[i]])], int(nbytes[o[i]]), dict(zip(rs, ready_l[i:j])),
-                                 dict(zip(rs, end_l[i:j])), dict(zip(rs, marker_l[i:j]))))
+        c = CollectiveObs(first_name[int(cid[o[i]])], int(nbytes[o[i]]), dict(zip(rs, ready_l[i:j])),
+                          dict(zip(rs, end_l[i:j])), dict(zip(rs, marker_l[i:j])))
+        if gated:
+            c.gate = {r: (g, at) for r, g, at in zip(rs, gate_l[i:j], gate_start_l[i:j]) if g >= 0}
+        obs.append(c)
     return obs
 
 
@@ -308,8 +412,10 @@ def _collective_edges(obs: list[CollectiveObs], update_node: Mapping[int, int], 
     for k, c in enumerate(obs):
         latest = max(c.ready.values())
         end = max(c.end.values())
-        # The comm channel is serial unless the ranks saw this collective finish before an earlier one did.
-        prev = next((j for j in range(k - 1, -1, -1) if obs[j].end_ns <= end), None)
+        # The comm channel is serial unless the ranks saw this collective finish before an earlier one did. It is
+        # each rank's: collectives of disjoint groups (HSDP's shard groups) do not wait for each other.
+        prev = next((j for j in range(k - 1, -1, -1) if obs[j].end_ns <= end and not c.ready.keys().isdisjoint(
+            obs[j].ready)), None)
         start = latest if prev is None else max(latest, obs[prev].end_ns)
         c.start_ns, c.end_ns, c.node = start, max(end, start), base + k
         src.extend(c.marker.values())
@@ -320,6 +426,11 @@ def _collective_edges(obs: list[CollectiveObs], update_node: Mapping[int, int], 
             dst.append(c.node)
             lat.append(0.0)
             has_successor.add(prev)
+        for r, (node, node_start) in c.gate.items():
+            # The rank resumes when it sees the collective end (or where it did resume, if the lane's cut is earlier).
+            src.append(c.node)
+            dst.append(node)
+            lat.append(float(min(c.end[r], node_start) - c.end_ns))
     for k, c in enumerate(obs):
         if k in has_successor:
             continue

@@ -92,3 +92,24 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
         "overlap_ratio": statistics.median(a.overlap_ratio for a in complete),
         "incomplete_iterations": sum(1 for a in analyses if not a.complete),
     }
+
+
+def collectives(analyses: Sequence[IterationAnalysis]) -> list[dict[str, Any]]:
+    """Each collective by name over the complete analyses (the report's ``collectives``): its bytes, in how many
+    iterations it ran, its median duration (latest ready to end) and its share of the critical path (time-weighted
+    as ``critical_path``), the largest share first. A DDP bucket is ``bucket N``; FSDP's are ``all-gather <unit>``,
+    ``all-gather <unit> (backward)`` and ``reduce-scatter <unit>`` (instrument/fsdp.py)."""
+    complete = [a for a in analyses if a.complete] or list(analyses)
+    path_ms = sum(s.duration_ms for a in complete for s in a.critical_path)
+    seen: dict[str, dict[str, Any]] = {}
+    for a in complete:
+        for c in a.collectives:
+            row = seen.setdefault(c.name, {"name": c.name, "bytes": c.bytes, "durations": [], "path_ms": 0.0})
+            row["durations"].append(c.duration_ms)
+        for s in a.critical_path:
+            if s.rank is None and s.name in seen:
+                seen[s.name]["path_ms"] += s.duration_ms
+    rows = [{"name": r["name"], "bytes": r["bytes"], "iterations": len(r["durations"]),
+             "median_ms": statistics.median(r["durations"]),
+             "critical_path": r["path_ms"] / path_ms if path_ms > 0 else 0.0} for r in seen.values()]
+    return sorted(rows, key=lambda r: (-r["critical_path"], -r["median_ms"], r["name"]))

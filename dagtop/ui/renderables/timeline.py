@@ -210,16 +210,19 @@ def _collective_spans(analysis: IterationAnalysis) -> Iterable[tuple[int, int, s
 def _critical_row(grid: _Grid, analysis: IterationAnalysis) -> Text:
     spans = [(s.start_ns, s.end_ns, CRITICAL, Style(color=colour(s.category))) for s in analysis.critical_path]
     cells = _paint_cells(grid, spans)
-    # Name the rank at the start of each stretch the path spends on one rank.
-    stretches: list[tuple[int | None, int, int, str]] = []
+    # Name the rank at the start of each stretch the path spends on one rank; "all" for collectives, or the first
+    # one's name where it fits and says more than a DDP bucket's number (FSDP's: "all-gather layers.3").
+    stretches: list[tuple[int | None, int, int, str, str]] = []
     for s in analysis.critical_path:
         if stretches and stretches[-1][0] == s.rank:
-            r, start, _, category = stretches[-1]
-            stretches[-1] = (r, start, s.end_ns, category)
+            r, start, _, category, first = stretches[-1]
+            stretches[-1] = (r, start, s.end_ns, category, first)
         else:
-            stretches.append((s.rank, s.start_ns, s.end_ns, s.category))
-    for rank, start, end, category in stretches:
+            stretches.append((s.rank, s.start_ns, s.end_ns, s.category, s.name))
+    for rank, start, end, category, first in stretches:
         name = "all" if rank is None else f"r{rank}"
+        if rank is None and not first.startswith("bucket ") and (end - start) * grid.scale >= len(first):
+            name = first
         c = grid.span(start, end).start
         if c + len(name) <= grid.width and (end - start) * grid.scale >= len(name):
             painted = cells[c][1]

@@ -39,7 +39,8 @@ PANELS = (
 """Every panel of the main screen and what it shows."""
 
 TIMELINE_GLYPHS = ("█ critical path  ▒ off the path  · waiting for other ranks  ━ collective on every rank. "
-                   "The last row follows the critical path and names the rank it runs on.")
+                   "The last row follows the critical path and names the rank it runs on, or the collective "
+                   "(all-gather, reduce-scatter: FSDP's, by unit).")
 """How to read the timeline's glyphs."""
 
 

@@ -1,0 +1,35 @@
+"""What every framework job shares: the process group, the seed, and where the losses go.
+
+A job is a script run once per rank by :func:`ranks.run_job` (tests/ranks.py), with torchrun's environment
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus ``JOB_OUT``, a folder for its results, and either
+``DAGTOP_ENDPOINT`` (timed) or ``DAGTOP_DISABLE=1`` (the same job, plain). It writes each step's loss with
+:func:`save_losses`, as ``float.hex`` so that "bit-identical" means what it says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def start(seed: int = 0) -> tuple[int, int]:
+    """Join the gloo process group; (rank, world). One thread per rank: two ranks share two cores."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def save_losses(losses: list[float], name: str = "loss") -> None:
+    out = Path(os.environ["JOB_OUT"]) / f"{name}-{dist.get_rank() if dist.is_initialized() else 0}.json"
+    out.write_text(json.dumps([float(x).hex() for x in losses]))
+
+
+def finish() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
