@@ -59,8 +59,10 @@ def attach(
 
     Args:
         model: the module being trained, or its DistributedDataParallel wrapper (then every bucket's
-            all-reduce is timed too).
-        optimizer: its optimizer; ``step()`` is the update and ends the iteration.
+            all-reduce is timed too); or a list of them (a GAN), each model's units named after it.
+        optimizer: its optimizer (or one wrapping it, as accelerate's and Lightning's do), or a list of them.
+            ``step()`` is the update. With one optimizer its return ends the iteration; with several, or when
+            a step is skipped (GradScaler), the next forward of the model that opens an iteration ends it.
         granularity: "block" times the model's top-level children on every iteration; "layer" times
             every leaf module with parameters on every iteration.
         sample_every: with "block", per-layer detail on one iteration in K (iterations 0, K, 2K, ...);
@@ -72,8 +74,10 @@ def attach(
 
     ``DAGTOP_DISABLE=1`` returns a :class:`NullTracer` with the same methods. If attaching fails, the
     failure is reported with one warning and a NullTracer is returned: training never stops for dagtop.
+    One tracer per process: a second ``attach`` while one is open is refused the same way (its frames would
+    carry the same rank and iteration numbers as the first's); attach every model at once, as lists.
     """
-    from instrument.tracer import NullTracer, Tracer
+    from instrument.tracer import NullTracer, Tracer, open_tracer
 
     if os.environ.get("DAGTOP_DISABLE", "") not in ("", "0"):
         return NullTracer()
@@ -81,6 +85,11 @@ def attach(
         raise ValueError(f"granularity must be 'block' or 'layer', not {granularity!r}")
     if sample_every < 0:
         raise ValueError("sample_every must be >= 0")
+    if (current := open_tracer()) is not None:
+        warnings.warn(f"dagtop: attach() was already called in this process (rank {current.rank}); this model is "
+                      "not timed: pass every model and optimizer to one attach(), as lists", RuntimeWarning,
+                      stacklevel=2)
+        return NullTracer()
     try:
         rank, world, local_rank = _topology()
         return Tracer(

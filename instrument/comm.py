@@ -48,10 +48,15 @@ class BucketTimer:
         self._stamp = stamp
         self._switch = switch
         self._fail = fail
-        self._names = {id(p): n for n, p in ddp.module.named_parameters()}
-        self.capture = False
-        """While True (one iteration once the buckets are final), the hook notes each bucket's parameters."""
-        self.buckets: dict[int, wire.Bucket] = {}
+        # Named as in the model: DDP(torch.compile(m)) holds m as `_orig_mod`.
+        self._names = {id(p): n.replace("_orig_mod.", "") for n, p in ddp.module.named_parameters()}
+        self._sizes: dict[int, int] = {}
+        """Bucket index -> bytes, as the current iteration's hooks saw them: what tells that DDP rebuilt them."""
+        self._sent: dict[int, int] = {}
+        """The sizes of the bucket map :meth:`iteration_done` last returned."""
+        self._capture = False
+        """While True (the iteration after the buckets were seen to change), the hook notes their parameters."""
+        self._captured: dict[int, wire.Bucket] = {}
         # Raises if a comm hook is already registered or training has begun; attach() handles that.
         ddp.register_comm_hook(ddp.process_group, self._hook)
 
@@ -63,9 +68,10 @@ class BucketTimer:
             index = bucket.index()
             buffer = bucket.buffer()
             size = buffer.numel() * buffer.element_size()
-            if self.capture:
+            self._sizes[index] = size
+            if self._capture:
                 names = tuple(self._names.get(id(p), "?") for p in bucket.parameters())
-                self.buckets[index] = wire.Bucket(index, size, names)
+                self._captured[index] = wire.Bucket(index, size, names)
         except Exception as exc:  # noqa: BLE001 - never reach the training loop
             self._fail(exc)
             return allreduce_hook(state, bucket)
@@ -81,8 +87,24 @@ class BucketTimer:
 
         return allreduce_hook(state, bucket).then(done)
 
-    def final_buckets(self) -> "list[wire.Bucket]":
-        return [self.buckets[i] for i in sorted(self.buckets)]
+    def iteration_done(self) -> "list[wire.Bucket] | None":
+        """Call once an iteration's buckets have all been handed over: the bucket map if it is new, else None.
+
+        DDP rebuilds its buckets after iteration 0, after iteration 1 with ``static_graph=True``, and may again
+        later. Each iteration the hook notes every bucket's size (one dict store); when they differ from the
+        map last returned, the parameters of every bucket are noted during the next iteration, and that map is
+        returned if the sizes did not change meanwhile. So the map follows the real buckets, one iteration
+        late, and costs a walk over each bucket's parameters only in the iteration after a change.
+        """
+        sizes, self._sizes = self._sizes, {}
+        if not sizes:  # no bucket this time (a job that never syncs, a failed hook): nothing learnt
+            return None
+        captured, self._captured = self._captured, {}
+        if self._capture and {i: b.bytes for i, b in captured.items()} == sizes:
+            self._capture, self._sent = False, sizes
+            return [captured[i] for i in sorted(captured)]
+        self._capture = sizes != self._sent
+        return None
 
 
 def time_buffer_sync(

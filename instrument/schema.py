@@ -39,6 +39,8 @@ class FieldType:
 
     absent: ClassVar[Any] = None
     """What a key missing from the frame reads as (then checked like any value)."""
+    omitted_when_absent: ClassVar[bool] = False
+    """Left off the wire when the value is ``absent``: a field added to a frame after the fact (:class:`Added`)."""
 
     def decode(self, value: Any, key: str, where: str) -> Any:
         """The checked value; ``where`` names the enclosing map ("" at the top of a frame).
@@ -104,6 +106,17 @@ class Text(FieldType):
 
     def describe(self) -> str:
         return f"string, at most {self.limit} characters; empty if absent"
+
+
+@dataclass(frozen=True, slots=True)
+class Added(Text):
+    """A :class:`Text` field added to a frame after its version was fixed: written only when not empty, so a frame
+    that does not use it is byte for byte what it was before the field existed, and older monitors ignore it."""
+
+    omitted_when_absent: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"string, at most {self.limit} characters; left out when empty"
 
 
 def _within(where: str) -> str:
@@ -196,7 +209,7 @@ def wire(type_: FieldType, doc: str, *, key: str = "", after: str = "", check: C
 class Layout:
     """A dataclass as a map on the wire: its fields in wire order, and the codec that walks them."""
 
-    __slots__ = ("_decoders", "_encoders", "_positional", "cls", "fields")
+    __slots__ = ("_decoders", "_encoders", "_omitted", "_positional", "cls", "fields")
 
     def __init__(self, cls: type, fields: tuple[Field, ...]) -> None:
         self.cls = cls
@@ -205,6 +218,7 @@ class Layout:
         self._encoders = tuple((f.key, f.attr, None if type(f.type).encode is FieldType.encode else f.type.encode)
                                for f in fields)
         self._decoders = tuple((f.attr, f.key, f.type.absent, f.type.decode, f.check) for f in fields)
+        self._omitted = tuple((f.key, f.type.absent) for f in fields if f.type.omitted_when_absent)
         # Where the wire's order is the constructor's, build by position: cheaper than by keyword.
         self._positional = [f.attr for f in fields] == [f.name for f in dataclasses.fields(cls)]
 
@@ -216,6 +230,9 @@ class Layout:
         m = {} if into is None else into
         for key, attr, encode in self._encoders:
             m[key] = getattr(obj, attr) if encode is None else encode(getattr(obj, attr))
+        for key, absent in self._omitted:
+            if m[key] == absent:
+                del m[key]
         return m
 
     def decode(self, m: Mapping[Any, Any], where: str = "") -> Any:

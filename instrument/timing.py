@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+from instrument.units import block_units as block_units  # noqa: PLC0414 - re-exported: they lived here
+from instrument.units import compiled as compiled  # noqa: PLC0414
+from instrument.units import layer_units as layer_units  # noqa: PLC0414
+from instrument.units import model_name as model_name  # noqa: PLC0414
 
 MAX_PENDING_EVENTS = 200_000
 """Forwards with gradients but no optimizer step (a validation loop without no_grad) stop being timed here."""
@@ -17,12 +26,12 @@ Stamp = Callable[[], Any]
 
 _grad_enabled = torch.is_grad_enabled
 _graph_task_id = torch._C._current_graph_task_id
-
-
-def _training_forward() -> bool:
-    # Under activation checkpointing the forward runs again inside backward (graph task id >= 0):
-    # that recompute is part of the backward we already time, so the forward hooks stay quiet.
-    return _grad_enabled() and _graph_task_id() == -1
+"""-1 outside backward; the running graph task's id (>= 0) when backward runs a checkpoint's recompute."""
+_compiling = torch.compiler.is_compiling
+"""True while Dynamo traces: a hook that finds itself in a compiled region returns at once. Dynamo folds the
+test to a constant, so the hook leaves no trace in the graph (a timestamp there would be a graph break)."""
+_RECOMPUTED = object()
+"""``Unit.fwd_start`` while backward recomputes the unit's forward (reentrant checkpointing)."""
 
 
 class Switch:
@@ -61,96 +70,18 @@ def _collect(value: Any, nodes: list[Any], depth: int) -> None:
             _collect(item, nodes, depth + 1)
 
 
-DOMINANT_SHARE = 0.8
-"""A child holding this share of its parent's parameters is the model (HF's ``*ForCausalLM`` around its
-transformer): its children are the blocks, beside the parent's other children (the head)."""
-
-
-def compiled(module: nn.Module) -> bool:
-    """True for a module whose call Dynamo traces: ``torch.compile(m)`` or ``m.compile()``.
-
-    A hook inside a compiled region splits the graph (Dynamo cannot trace a timestamp), so units stop at
-    a compiled module: hooks go on its eager wrapper, never inside it.
-    """
-    return type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
-
-
-def model_name(module: nn.Module) -> str:
-    """The class name of a model: a compiled or DDP-wrapped one is named after the model inside."""
-    inner = getattr(module, "_orig_mod", module)
-    if type(inner).__name__ == "DistributedDataParallel":
-        inner = inner.module
-    return type(inner).__name__
-
-
-def _param_count(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def _called_children(node: nn.Module) -> list[nn.Module]:
-    """The children of ``node``, a ModuleList/ModuleDict replaced by its items: containers are never called."""
-    out: list[nn.Module] = []
-    for child in node.children():
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
-            out.extend(_called_children(child))
-        else:
-            out.append(child)
-    return out
-
-
-def block_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The blocks of a model: its top-level children, seen through thin wrappers and containers.
-
-    Descends while there is exactly one child, and into a child that holds most of the parameters
-    (``DOMINANT_SHARE``), keeping that child's siblings as blocks. Never descends into a compiled module.
-    """
-    names = {id(m): n for n, m in root.named_modules()}
-    node = root
-    while not compiled(node):
-        children = _called_children(node)
-        if len(children) != 1:
-            break
-        node = children[0]
-    if compiled(node) or not (children := _called_children(node)):
-        return [(names[id(node)] or model_name(node), node)]
-    while True:
-        total = _param_count(node)
-        dominant = next((c for c in children if not compiled(c) and _called_children(c) and total
-                         and _param_count(c) >= DOMINANT_SHARE * total), None)
-        if dominant is None:
-            break
-        at = children.index(dominant)
-        node, children = dominant, children[:at] + _called_children(dominant) + children[at + 1:]
-    return [(names[id(c)], c) for c in children]
-
-
-def layer_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The layers of a model: the leaf modules that own trainable parameters; a compiled module is a leaf."""
-    units: list[tuple[str, nn.Module]] = []
-    seen: set[int] = set()
-
-    def visit(name: str, module: nn.Module) -> None:
-        if id(module) in seen:  # a module used twice is hooked once, as named_modules() lists it once
-            return
-        seen.add(id(module))
-        if compiled(module):
-            units.append((name or model_name(module), module))
-            return
-        children = list(module.named_children())
-        if not children and any(p.requires_grad for p in module.parameters(recurse=False)):
-            units.append((name or type(module).__name__, module))
-        for child_name, child in children:
-            visit(f"{name}.{child_name}" if name else child_name, child)
-
-    visit("", root)
-    return units or block_units(root)
+def _needs_grad(value: Any) -> bool:
+    """True if a tensor of a module's input (tensor, tuple, list) requires gradients."""
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    return isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) and v.requires_grad for v in value)
 
 
 class Unit:
     """One timed module: its hooks and the state of its current forward/backward."""
 
     __slots__ = ("bwd_start", "fwd_start", "grad_hooks", "inputs", "last_grad", "last_param", "module", "name",
-                 "params")
+                 "params", "recompute")
 
     def __init__(self, name: str, module: nn.Module) -> None:
         self.name = name
@@ -164,6 +95,38 @@ class Unit:
         self.grad_hooks: list[Any] | None = None
         self.inputs: list[Any] | None = None
         """The autograd nodes of the current forward's inputs, from the pre hook to the post hook."""
+        self.recompute: list[Any] | None = None
+        """The nodes of the inputs of a forward that built no graph inside a training forward (a reentrant
+        checkpoint runs its function under no_grad), kept until backward runs that forward again."""
+
+
+class _CompiledCall:
+    """Times a module compiled in place (``module.compile()``) from outside its compiled call; removed like a
+    hook handle.
+
+    ``module.compile()`` compiles the module's ``_call_impl``, its own hooks included, so timing hooks would run
+    inside the region Dynamo traces (a graph break on the timestamp). The compiled call is wrapped instead and
+    the same two hooks run around it, eagerly.
+    """
+
+    __slots__ = ("_compiled", "_module", "_timed")
+
+    def __init__(self, module: nn.Module, pre: Callable[..., None], post: Callable[..., None]) -> None:
+        compiled_call = module._compiled_call_impl
+        assert compiled_call is not None
+
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            pre(module, args)
+            output = compiled_call(*args, **kwargs)
+            post(module, args, output)
+            return output
+
+        self._module, self._compiled, self._timed = module, compiled_call, timed_call
+        module._compiled_call_impl = timed_call
+
+    def remove(self) -> None:
+        if self._module._compiled_call_impl is self._timed:  # else compiled again since: leave that one
+            self._module._compiled_call_impl = self._compiled
 
 
 class _Boundary:
@@ -177,7 +140,7 @@ class _Boundary:
         self._stamp, self._switch, self._fail = stamp, switch, fail
 
     def __call__(self, grad_outputs: Any) -> None:
-        if not self._switch.on:
+        if _compiling() or not self._switch.on:  # compiled autograd traces the backward's hooks
             return
         try:
             now = self._stamp()
@@ -187,15 +150,35 @@ class _Boundary:
             self._fail(exc)
 
 
+_AccumulateGrad = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]  # not in the stubs
+"""The type of a parameter's leaf node, where its gradient is accumulated."""
+
+
 def _consumes(node: Any, inputs: list[Any]) -> bool:
-    """True if ``node``, a unit's output node, takes the unit's input directly: it is the unit's whole backward.
+    """True if ``node``, a unit's output node, is the unit's whole backward: it takes the unit's input directly
+    and otherwise only parameters (a single-op layer).
 
     Then the unit's backward ends when that node has run (a posthook), not when its input's gradient is
     complete: in a residual block the input is shared with the other branch, whose backward that would add.
+    A node that also takes another branch (``x + f(x)``) is not the whole backward: the input's node is.
     """
-    if any(node is n for n in inputs):  # an identity: the output is the input
-        return False
-    return any(n is not None and any(n is i for i in inputs) for n, _ in node.next_functions)
+    takes_input = False
+    for child, _ in node.next_functions:
+        if child is None:
+            continue
+        if any(child is i for i in inputs):
+            takes_input = True
+        elif not _parameter(child):
+            return False
+    return takes_input and not any(node is n for n in inputs)  # an identity: the output is the input
+
+
+def _parameter(node: Any) -> bool:
+    """A parameter's leaf node, or one op on one (a weight's transpose)."""
+    if type(node) is _AccumulateGrad:
+        return True
+    children = node.next_functions
+    return len(children) == 1 and type(children[0][0]) is _AccumulateGrad
 
 
 class UnitTimer:
@@ -205,8 +188,19 @@ class UnitTimer:
     arrived). Backward end: where the output's node takes the input directly (a single-op layer), a posthook
     on that node; otherwise a prehook on the node that produced the unit's input (the gradient of the input
     is complete, so the unit is done); for a unit whose input needs no gradient (the first one), the last
-    accumulation into its parameters' ``.grad``, emitted at the iteration boundary by :meth:`flush`.
+    accumulation into its parameters' ``.grad``, emitted when the unit's next forward begins (the next
+    micro-batch under gradient accumulation) or at the iteration boundary by :meth:`flush`.
     These node hooks cost ~2.4 µs and survive in-place ops, unlike register_full_backward_hook (FIELD_NOTES).
+
+    Activation checkpointing: a checkpoint's recompute is part of its unit's backward. Non-reentrant, the
+    forward builds its graph as usual and backward recomputes it inside the span already timed; the recompute
+    (graph task id >= 0) is not timed again. Reentrant, the forward runs under no_grad and builds no graph: it
+    is timed as a forward if a graph-building forward is under way; its backward starts where the gradient
+    reaches the checkpoint's output (the node that recomputes), and the rest is hooked on the graph the
+    recompute builds (see :meth:`_recomputing`).
+
+    torch.compile: no hook does anything inside a compiled region; a module compiled in place is timed
+    around its compiled call (:class:`_CompiledCall`).
     """
 
     def __init__(
@@ -228,15 +222,28 @@ class UnitTimer:
         self._handles: list[Any] = []
         self._boundaries: dict[int, _Boundary] = {}
         """Autograd node id -> its prehook, for the current iteration (holding the node keeps the id unique)."""
+        self._forward_open = False
+        """A forward that builds a graph has begun and its backward has not: a unit's forward run without a
+        graph now is part of it (reentrant checkpointing)."""
+        self._recompute_start: Any = None
+        """When backward began recomputing a checkpointed segment, until a unit of it starts its backward."""
+        self._ungraphed: list[tuple[Any, Callable[[Any], None]]] = []
+        """Outputs of forwards run without a graph, with their units' backward-start callbacks, until the next
+        unit's forward: a reentrant checkpoint's output gets its node once the checkpointed function returns."""
 
     @property
     def installed(self) -> bool:
         return bool(self._handles)
 
     def install(self) -> None:
+        _warn_if_backward_is_compiled()
         for unit in self.units:
-            self._handles.append(unit.module.register_forward_pre_hook(self._pre_hook(unit)))
-            self._handles.append(unit.module.register_forward_hook(self._post_hook(unit)))
+            pre, post = self._pre_hook(unit), self._post_hook(unit)
+            if getattr(unit.module, "_compiled_call_impl", None) is not None:
+                self._handles.append(_CompiledCall(unit.module, pre, post))
+            else:
+                self._handles.append(unit.module.register_forward_pre_hook(pre))
+                self._handles.append(unit.module.register_forward_hook(post))
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -246,17 +253,28 @@ class UnitTimer:
             for handle in unit.grad_hooks or ():
                 handle.remove()
             unit.grad_hooks = None
-            unit.fwd_start = unit.bwd_start = unit.last_grad = unit.last_param = None
+            unit.fwd_start = unit.bwd_start = unit.last_grad = unit.last_param = unit.recompute = None
         self._boundaries.clear()
+        self._forward_open = False
+        self._recompute_start = None
+        self._ungraphed.clear()
 
     def flush(self) -> None:
         """Emit the backward of units whose end is their last gradient accumulation (iteration boundary)."""
         for unit in self.units:
-            if unit.bwd_start is not None and unit.last_grad is not None:
-                self._sink(("compute", "backward", unit.name, self._lane, unit.bwd_start, unit.last_grad, 0))
-            unit.bwd_start = unit.last_grad = None
+            self._emit_accumulated(unit)
+            unit.recompute = None
             self._keep_last_gradient_hook(unit)
         self._boundaries.clear()
+        self._forward_open = False
+        self._recompute_start = None
+        self._ungraphed.clear()
+
+    def _emit_accumulated(self, unit: Unit) -> None:
+        """Emit a backward that ended at the unit's last gradient accumulation, if there is one; reset."""
+        if unit.bwd_start is not None and unit.last_grad is not None:
+            self._sink(("compute", "backward", unit.name, self._lane, unit.bwd_start, unit.last_grad, 0))
+        unit.bwd_start = unit.last_grad = None
 
     # The hooks below run on the training thread (forward) and on autograd threads (backward). Each one
     # catches everything: an exception must disable the shim, never reach the training loop.
@@ -275,61 +293,116 @@ class UnitTimer:
             node.register_prehook(boundary)
         boundary.callbacks.append(callback)
 
+    def _hook_backward(self, outputs: list[Any], inputs: list[Any] | None, on_start: Callable[[Any], None],
+                       on_end: Callable[[Any], None], on_own_end: Callable[[Any, Any], None]) -> None:
+        """Hook where the unit's backward starts (its outputs' nodes) and ends (see the class docstring)."""
+        for node in outputs:
+            self._at_gradient_of(node, on_start)
+        if inputs and len(outputs) == 1 and _consumes(outputs[0], inputs):
+            outputs[0].register_hook(on_own_end)
+        else:
+            for node in inputs or ():
+                self._at_gradient_of(node, on_end)
+
     def _pre_hook(self, unit: Unit) -> Callable[..., None]:
         stamp, switch, events = self._stamp, self._switch, self._events
 
         def forward_pre(module: nn.Module, args: Any) -> None:
-            if not switch.on or len(events) >= MAX_PENDING_EVENTS:
+            if _compiling() or not switch.on or len(events) >= MAX_PENDING_EVENTS:
                 return
             try:
-                if not _training_forward():
+                if self._ungraphed:
+                    self._hook_checkpoint_outputs()
+                if _graph_task_id() != -1:  # backward is running a checkpoint's recompute
+                    if unit.recompute is not None and _grad_enabled():
+                        self._recomputing(unit, args)
                     return
-                unit.last_grad = None
-                unit.inputs = _grad_fns(args)
-                if not unit.inputs and unit.params and unit.grad_hooks is None:
-                    self._hook_gradients(unit)
-                unit.bwd_start = None
+                if _grad_enabled():
+                    self._forward_open = True
+                    self._emit_accumulated(unit)  # the previous micro-batch's, under gradient accumulation
+                    unit.recompute = None
+                    unit.inputs = _grad_fns(args)
+                    if not unit.inputs and unit.params and unit.grad_hooks is None:
+                        self._hook_gradients(unit)
+                elif self._forward_open or _needs_grad(args):
+                    self._emit_accumulated(unit)
+                    unit.recompute = _grad_fns(args)  # a reentrant checkpoint's forward: no graph until backward
+                else:  # no gradients and no training forward under way: evaluation
+                    return
                 unit.fwd_start = stamp()
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
 
         return forward_pre
 
+    def _recomputing(self, unit: Unit, args: Any) -> None:
+        """Backward runs again a forward that built no graph (reentrant checkpointing): hook the graph it builds.
+
+        The unit's backward is then the recompute and the gradients that follow, as under non-reentrant
+        checkpointing. It started at the checkpoint's output node if the unit's output was that (a block);
+        else (layers inside the checkpointed function) the first unit of the segment to start its backward
+        starts where the recompute started. The recompute's inputs are detached copies: where they have no
+        node, the unit's backward ends at the nodes of the inputs of the forward that ran under no_grad, in the
+        outer graph.
+        """
+        self._forward_open = False
+        saved, unit.recompute = unit.recompute, None
+        if self._recompute_start is None:  # the segment's first unit
+            self._recompute_start = self._stamp()
+        unit.inputs = _grad_fns(args) or saved
+        unit.fwd_start = _RECOMPUTED
+
+    def _hook_checkpoint_outputs(self) -> None:
+        """Start the backward of a unit whose forward ran without a graph where its output's node runs, if the
+        output has one now (it is the checkpoint's output): the recompute begins inside that node."""
+        pending, self._ungraphed = self._ungraphed, []
+        for output, on_start in pending:
+            for node in _grad_fns(output):
+                self._at_gradient_of(node, on_start)
+
     def _post_hook(self, unit: Unit) -> Callable[..., None]:
         stamp, switch, sink, lane = self._stamp, self._switch, self._sink, self._lane
         on_start = self._backward_start(unit)
+        on_recomputed_start = self._recomputed_backward_start(unit)
         on_end = self._backward_end(unit)
         on_own_end = self._own_backward_end(on_end)
         name = unit.name
 
         def forward_post(module: nn.Module, args: Any, output: Any) -> None:
-            if not switch.on:
+            if _compiling() or not switch.on:
                 return
             try:
                 start = unit.fwd_start
-                if start is None:  # the pre hook saw no training forward (no grad, or a checkpoint recompute)
+                if start is None:  # the pre hook timed nothing (evaluation, or a non-reentrant recompute)
+                    return
+                unit.fwd_start = None
+                inputs, unit.inputs = unit.inputs, None
+                if start is _RECOMPUTED:
+                    self._hook_backward(_grad_fns(output), inputs, on_recomputed_start, on_end, on_own_end)
                     return
                 sink(("compute", "forward", name, lane, start, stamp(), 0))
-                unit.fwd_start = None
-                outputs = _grad_fns(output)
-                for node in outputs:
-                    self._at_gradient_of(node, on_start)
-                inputs, unit.inputs = unit.inputs, None
-                if inputs and len(outputs) == 1 and _consumes(outputs[0], inputs):
-                    outputs[0].register_hook(on_own_end)
-                else:
-                    for node in inputs or ():
-                        self._at_gradient_of(node, on_end)
+                if unit.recompute is None:
+                    self._hook_backward(_grad_fns(output), inputs, on_start, on_end, on_own_end)
+                else:  # no graph to hook until backward recomputes this forward; the output's node comes first
+                    self._ungraphed.append((output, on_start))
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
 
         return forward_post
 
-    @staticmethod
-    def _backward_start(unit: Unit) -> Callable[[Any], None]:
+    def _backward_start(self, unit: Unit) -> Callable[[Any], None]:
         def backward_start(stamp: Any) -> None:
+            self._forward_open = False
             if unit.bwd_start is None:  # a unit with several outputs starts at the first gradient
                 unit.bwd_start = stamp
+
+        return backward_start
+
+    def _recomputed_backward_start(self, unit: Unit) -> Callable[[Any], None]:
+        def backward_start(stamp: Any) -> None:
+            if unit.bwd_start is None:
+                begun, self._recompute_start = self._recompute_start, None
+                unit.bwd_start = stamp if begun is None else begun
 
         return backward_start
 
@@ -337,6 +410,7 @@ class UnitTimer:
         sink, lane, name = self._sink, self._lane, unit.name
 
         def backward_end(stamp: Any) -> None:
+            self._recompute_start = None  # a recompute no unit started from is over: never carry it further
             start = unit.bwd_start
             if start is not None:
                 sink(("compute", "backward", name, lane, start, stamp, 0))
@@ -348,7 +422,7 @@ class UnitTimer:
         stamp, switch = self._stamp, self._switch
 
         def own_end(grad_inputs: Any, grad_outputs: Any) -> None:
-            if switch.on:
+            if switch.on and not _compiling():
                 try:
                     backward_end(stamp())
                 except Exception as exc:  # noqa: BLE001
@@ -362,6 +436,8 @@ class UnitTimer:
 
         def hook(index: int) -> Callable[[torch.Tensor], None]:
             def accumulated(param: torch.Tensor) -> None:
+                if _compiling():
+                    return
                 try:
                     unit.last_grad = stamp()
                     unit.last_param = index
@@ -383,3 +459,27 @@ class UnitTimer:
             if i != unit.last_param:
                 handle.remove()
         unit.grad_hooks = [hooks[unit.last_param]]
+
+
+@functools.cache
+def _warn_if_backward_is_compiled() -> None:
+    """Warn once, at attach, if compiled autograd is on (``torch._dynamo.config.compiled_autograd``).
+
+    Compiled autograd traces backward with its hooks into one graph: dagtop's hooks do nothing there (a
+    timestamp would split it), so backward goes untimed. Turned on later, with its context manager around
+    ``backward()``, it cannot be seen here: backward then goes untimed with no warning.
+    """
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and getattr(getattr(dynamo, "config", None), "compiled_autograd", False):
+        warnings.warn("dagtop: compiled autograd is on: backward runs as one compiled graph, where dagtop takes no "
+                      "timestamps, so backward is not timed (it shows as 'other'); forward, the collectives and the "
+                      "update are", RuntimeWarning, stacklevel=_caller_outside_instrument())
+
+
+def _caller_outside_instrument() -> int:
+    """The ``stacklevel`` of the first frame outside this package: the user's call to attach."""
+    package = os.path.dirname(__file__)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == package:
+        frame, level = frame.f_back, level + 1
+    return level

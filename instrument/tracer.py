@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import functools
 import os
+import re
 import socket
 import threading
 import time
@@ -33,6 +34,11 @@ def _after_fork_in_child() -> None:
 def _watch_forks() -> None:
     """Register the fork hook, once per process (cached), when the first tracer is built: not at import."""
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def open_tracer() -> Tracer | None:
+    """The tracer of this process that is still timing, if any."""
+    return next((t for t in list(_live_tracers) if not t._closed and t._on), None)
 
 
 def map_tensors(batch: Any, fn: Any) -> Any:
@@ -83,7 +89,7 @@ class TimedLoader:
             except StopIteration:
                 return
             if tracer._on:
-                tracer._events.append(("io", "load", "next", "main", start, now(), 0))
+                tracer._main_task(("io", "load", "next", "main", start, now(), 0))
             yield item
 
 
@@ -127,9 +133,8 @@ class _Task:
 
     def __exit__(self, *exc: object) -> None:
         if self._tracer._on:
-            self._tracer._events.append(
-                (self._category, "custom", self._name, "main", self._start, time.perf_counter_ns(), 0)
-            )
+            self._tracer._main_task((self._category, "custom", self._name, "main", self._start,
+                                     time.perf_counter_ns(), 0))
 
 
 class Tracer:
@@ -158,6 +163,23 @@ class Tracer:
         self._telemetry: Any = None
         self._blocks: Any = None
         self._layers: Any = None
+        self._optimizers: list[Any] = []
+        self._update_starts: dict[str, Any] = {}
+        self._in_step = 0
+        """Optimizer steps under way: a forward inside one (a closure's) begins no iteration."""
+        self._stepped = False
+        """With several optimizers: a step ended since the iteration began."""
+        self._step_mark: int | None = None
+        self._load_mark: int | None = None
+        """Where in ``_events`` the last step ended / the first loader wait or copy after a backward began."""
+        self._backwards = 0
+        """Backward passes through the whole model since the iteration began (micro-batches)."""
+        self._backward_started = False
+        self._cadence: int | None = None
+        """Backwards per step (the fewest seen at a step): when a model without DDP is due one; None before."""
+        self._lead: Any = None
+        self._synced: bool | None = None
+        """Whether the last forward's backward all-reduces (DDP outside ``no_sync``); None without DDP."""
         try:
             self._install(model, optimizer)
         except BaseException:
@@ -176,8 +198,13 @@ class Tracer:
 
         from instrument.publisher import Publisher
         from instrument.timing import UnitTimer, block_units, layer_units, model_name
+        from instrument.timing import _grad_fns as grad_fns
 
-        ddp, module = _unwrap(model)
+        models = list(model) if isinstance(model, (list, tuple)) else [model]
+        if not models:
+            raise ValueError("no model given")
+        unwrapped = [_unwrap(m) for m in models]
+        ddp, module = unwrapped[0]  # the first model's DDP has its collectives timed
         self._module = module
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
@@ -191,15 +218,28 @@ class Tracer:
         self._lane = "gpu" if self._cuda is not None else "main"
 
         switch = self._switch
-        self._blocks = UnitTimer(block_units(module), self._events, stamp, self._lane, switch, self._fail)
-        self._layers = UnitTimer(layer_units(module), self._events, stamp, self._lane, switch, self._fail)
+        modules = [m for _, m in unwrapped]
+        self._blocks = UnitTimer(_units(block_units, modules), self._events, stamp, self._lane, switch, self._fail)
+        self._layers = UnitTimer(_units(layer_units, modules), self._events, stamp, self._lane, switch, self._fail)
         self._detailed_now = False
         self._switch_units(self._detailed(0))
-        self._handles.append(optimizer.register_step_pre_hook(self._on_step_start))
-        self._handles.append(optimizer.register_step_post_hook(self._on_step_end))
-        self._update_start: Any = None
-        self._params = sum(p.numel() for p in module.parameters())
-        self._model_name = model_name(module)
+        self._optimizers = _optimizers(optimizer)
+        single = len(self._optimizers) == 1
+        for index, opt in enumerate(self._optimizers):
+            name = "optimizer.step" if single else f"optimizer[{index}].step"
+            self._handles.append(opt.register_step_pre_hook(self._step_started(name)))
+            self._handles.append(opt.register_step_post_hook(self._step_ended(name)))
+        # Run on every forward of the whole model: torch's own functions, bound once. Inside a region Dynamo
+        # traces (attach(m), then m.compile()) they return at once, as every hook of the shim does.
+        self._grad_enabled, self._compiling, self._grad_fns = torch.is_grad_enabled, torch.compiler.is_compiling, grad_fns
+        self._ddp_of = {id(m): d for m, (d, _) in zip(models, unwrapped)}
+        for m in models:
+            self._handles.append(m.register_forward_pre_hook(self._on_top_forward))
+            self._handles.append(m.register_forward_hook(self._after_top_forward))
+        self._units_said = (f"{describe_units([u.name for u in self._blocks.units])}; "
+                            f"{len(self._layers.units)} layers")
+        self._params = sum(p.numel() for m in modules for p in m.parameters())
+        self._model_name = "+".join(model_name(m) for m in modules)
         self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda)
         if os.environ.get("DAGTOP_TELEMETRY", "") != "0":
             from instrument.telemetry import TelemetryThread
@@ -217,9 +257,15 @@ class Tracer:
             # Last: a comm hook cannot be unregistered, so nothing that can still fail comes after it.
             self._comm = BucketTimer(ddp, self._events.append, self._comm_stamp(ddp), switch, self._fail)
         elif self.world > 1:
-            warnings.warn(f"dagtop: rank {self.rank} of {self.world} has no DistributedDataParallel around its model, "
-                          "so no collective is timed (FSDP and hand-written collectives are not yet): the report "
-                          "and the screen will say no communication was seen", RuntimeWarning, stacklevel=4)
+            from instrument.fsdp import ShardTimer, untimed
+
+            # fully_shard (FSDP2): all-gathers, reduce-scatters (and HSDP's all-reduce) through FSDP's own API.
+            shards = ShardTimer.of(modules, self._events.append, stamp, switch, self._fail, lambda: self.iteration)
+            if shards is not None:
+                self._handles.append(shards)  # its remove() gives FSDP back the comms it held
+            reason = untimed(modules, shards)
+            if reason:
+                warnings.warn(f"dagtop: rank {self.rank} of {self.world} {reason}", RuntimeWarning, stacklevel=4)
 
     @property
     def enabled(self) -> bool:
@@ -241,7 +287,7 @@ class Tracer:
                 from instrument.cuda import move_timed
 
                 out, size, copy_start, copy_end = move_timed(self._cuda, batch, _device(device))  # CUDA events
-                self._events.append(("pcie", "h2d", "to_device", "copy", copy_start, copy_end, size))
+                self._main_task(("pcie", "h2d", "to_device", "copy", copy_start, copy_end, size))
                 return out
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -249,7 +295,7 @@ class Tracer:
         start = time.perf_counter_ns()
         out, size = move(batch, device)
         if self._on:
-            self._events.append(("pcie", "h2d", "to_device", "main", start, time.perf_counter_ns(), size))
+            self._main_task(("pcie", "h2d", "to_device", "main", start, time.perf_counter_ns(), size))
         return out
 
     def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
@@ -264,13 +310,17 @@ class Tracer:
         callbacks. Category, phase and lane must come from ``instrument.events``; they are not checked here.
         """
         if self._on:
-            self._events.append((category, phase, name[: wire.MAX_NAME_CHARS], lane, start_ns, end_ns, nbytes))
+            self._main_task((category, phase, name[: wire.MAX_NAME_CHARS], lane, start_ns, end_ns, nbytes))
 
     def close(self) -> None:
         """Stop timing, flush, say bye. Idempotent, registered with atexit, never hangs."""
         if self._closed:
             return
         self._closed = True
+        if self._on and not self._forked and (self._stepped or self._backward_done()):
+            with contextlib.suppress(Exception):  # the last iteration, which no next forward will end
+                self._backward_over()
+                self._end_iteration(None)
         self._on = False
         atexit.unregister(self.close)
         self._remove_hooks()
@@ -332,42 +382,159 @@ class Tracer:
         # NCCL futures complete at enqueue, so a CUDA job times its collectives on the stream.
         return self._cuda.stamp if self._cuda is not None else time.perf_counter_ns
 
-    def _on_step_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._on:
+    # ------------------------------------------------------------------ iteration boundaries
+    #
+    # An iteration ends when ``optimizer.step()`` returns: with one optimizer, that is the boundary. With several
+    # optimizers, or when a step is skipped (GradScaler on an overflow calls no ``step()``), only the next
+    # training forward of the model tells that an iteration is over: it ends there, the events it owns being
+    # those recorded up to the last step's end, or else up to the first loader wait or copy after the backward
+    # (the next iteration's). Under gradient accumulation a forward after a backward is the next micro-batch,
+    # not a new iteration: DDP says which (``require_backward_grad_sync`` is False under ``no_sync``); a model
+    # without DDP is due a step every as many backwards as the fewest it took to step (before its first step,
+    # nothing is taken for skipped).
+
+    def _main_task(self, event: tuple[Any, ...]) -> None:
+        """Record a task of the training thread; the first one after a backward may open the next iteration."""
+        if self._load_mark is None and self._backward_done():
+            self._load_mark = len(self._events)
+        self._events.append(event)
+
+    def _backward_done(self) -> bool:
+        return self._backwards > 0 or self._backward_started
+
+    def _step_started(self, name: str) -> Any:
+        def step_started(optimizer: Any, args: Any, kwargs: Any) -> Any:
+            if not self._on:
+                return None
             try:
-                # Backward is over: units whose backward ends at their last gradient accumulation are done.
-                (self._layers if self._detailed_now else self._blocks).flush()
-                self._update_start = self._stamp()
+                self._in_step += 1
+                # ``args`` are step()'s own: the optimizer first, then the closure if passed by position.
+                closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+                if closure is None:
+                    self._backward_over()
+                    self._update_starts[name] = self._stamp()
+                    return None
+                # optimizer.step(closure) (LBFGS, Lightning): forward and backward run inside the step, the
+                # update after the closure returns (after its last call, for an optimizer that calls it again).
+                def timed_closure(*a: Any, **k: Any) -> Any:
+                    result = closure(*a, **k)
+                    if self._on:
+                        try:
+                            self._backward_over()
+                            self._update_starts[name] = self._stamp()
+                        except Exception as exc:  # noqa: BLE001
+                            self._fail(exc)
+                    return result
+
+                if "closure" in kwargs:
+                    return args, {**kwargs, "closure": timed_closure}
+                return (args[0], timed_closure, *args[2:]), kwargs
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc)
+                return None
+
+        return step_started
+
+    def _step_ended(self, name: str) -> Any:
+        def step_ended(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if not self._on:
+                return
+            try:
+                self._in_step = max(0, self._in_step - 1)
+                start = self._update_starts.pop(name, None)
+                if start is not None:
+                    self._events.append(("compute", "update", name, self._lane, start, self._stamp(), 0))
+                backwards = self._backwards + self._backward_started
+                if backwards:  # a step takes at least a cycle's backwards: the fewest seen is the cycle
+                    self._cadence = backwards if self._cadence is None else min(self._cadence, backwards)
+                if len(self._optimizers) == 1:
+                    self._end_iteration(None)
+                else:
+                    self._stepped = True
+                    self._step_mark = len(self._events)
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
 
-    def _on_step_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The iteration boundary: emit the update, hand the iteration to the publisher, start the next."""
-        if not self._on:
+        return step_ended
+
+    def _backward_over(self) -> None:
+        # Backward is over: units whose backward ends at their last gradient accumulation are done.
+        (self._layers if self._detailed_now else self._blocks).flush()
+
+    def _on_top_forward(self, module: Any, args: Any) -> None:
+        """A forward of the whole model: past a backward with no step to end it, it may begin the next iteration."""
+        if not self._on or self._in_step or self._compiling() or not self._grad_enabled():
+            return
+        if self._lead is None:
+            self._lead = module  # of several models, the one whose forward opens an iteration
+        elif module is not self._lead:
             return
         try:
-            if self._update_start is not None:
-                self._events.append(("compute", "update", "optimizer.step", self._lane, self._update_start,
-                                     self._stamp(), 0))
-                self._update_start = None
-            # One list for the whole run (hooks hold its append): take what is there, leave what may arrive.
-            count = len(self._events)
-            events = self._events[:count]
-            del self._events[:count]
-            self._publisher.put_iteration(self.iteration, events)
-            self.iteration += 1
-            if self._comm is not None:
-                # Buckets are rebuilt after iteration 0: note them during iteration 1, send them after it.
-                self._comm.capture = self.iteration == 1
-                if self.iteration == 2:
-                    self._publisher.put_buckets(self._comm.final_buckets())
-            detailed = self._detailed(self.iteration)
-            if detailed != self._detailed_now:
-                self._switch_units(detailed)
-            if not self._publisher.alive:
-                raise RuntimeError("the publisher thread stopped")
+            if self._backward_started:
+                self._backwards += 1
+                self._backward_started = False
+            if self._backwards and (self._stepped or self._step_skipped()):
+                self._end_iteration(self._step_mark if self._stepped else self._load_mark)
+            self._load_mark = None
+            ddp = self._ddp_of[id(module)]
+            self._synced = None if ddp is None else bool(ddp.require_backward_grad_sync)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
+
+    def _step_skipped(self) -> bool:
+        """A backward that should have been followed by a step was not (a GradScaler skip)."""
+        if self._synced is not None:  # DDP: the backward all-reduced the gradients, so a step was due
+            return self._synced
+        return self._cadence is not None and self._backwards >= self._cadence
+
+    def _after_top_forward(self, module: Any, args: Any, output: Any) -> None:
+        if not self._on or self._compiling() or not self._grad_enabled():
+            return
+        try:
+            for node in self._grad_fns(output):
+                node.register_prehook(self._on_top_backward)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def _on_top_backward(self, grad_outputs: Any) -> None:
+        self._backward_started = True
+
+    def _end_iteration(self, cut: int | None) -> None:
+        """Hand the iteration to the publisher: the events before ``cut`` (all if None), then start the next."""
+        events = self._events
+        if cut is None:
+            # One list for the whole run (hooks hold its append): take what is there, leave what may arrive.
+            count = len(events)
+            batch = events[:count]
+            del events[:count]
+        else:
+            # Ended by the next forward: nothing else is running. Units ending at their last gradient
+            # accumulation are done; they belong before the cut, with the rest of the backward.
+            count = len(events)
+            self._backward_over()
+            flushed = events[count:]
+            del events[count:]
+            batch = events[:cut] + flushed
+            del events[:cut]
+        self._publisher.put_iteration(self.iteration, batch)
+        self.iteration += 1
+        self._stepped = False
+        self._step_mark = None
+        self._load_mark = None
+        self._backwards = 0
+        self._backward_started = False
+        self._after_iteration()
+        detailed = self._detailed(self.iteration)
+        if detailed != self._detailed_now:
+            self._switch_units(detailed)
+        if not self._publisher.alive:
+            raise RuntimeError("the publisher thread stopped")
+
+    def _after_iteration(self) -> None:
+        if self._comm is not None:
+            buckets = self._comm.iteration_done()  # a new map each time DDP rebuilds its buckets
+            if buckets is not None:
+                self._publisher.put_buckets(buckets)
 
     def _hello(self, seq: int) -> wire.Hello:
         import torch
@@ -377,7 +544,54 @@ class Tracer:
             host=socket.gethostname()[: wire.MAX_NAME_CHARS], pid=os.getpid(), device=str(self.device),
             torch=torch.__version__, model=self._model_name[: wire.MAX_NAME_CHARS], params=self._params,
             granularity=self.granularity, wall_ns=time.time_ns(), mono_ns=time.perf_counter_ns(),
+            units=self._units_said[: wire.MAX_NAME_CHARS],
         )
+
+
+def _optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers behind ``optimizer``: one, a list of them, or wrappers (accelerate's
+    ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) whose ``step()`` calls the torch one's."""
+    items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if not items:
+        raise ValueError("no optimizer given")
+    unwrapped = []
+    for opt in items:
+        while not hasattr(opt, "_optimizer_step_pre_hooks"):  # a torch Optimizer's, set by its __init__
+            inner = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
+            if inner is None or inner is opt:
+                raise TypeError(f"{type(opt).__name__} is not a torch optimizer and wraps none")
+            opt = inner
+        unwrapped.append(opt)
+    return unwrapped
+
+
+def describe_units(names: list[str]) -> str:
+    """``6 blocks: embed, layers.0…3, head``: numbered runs of one prefix (a ModuleList's members) folded."""
+    parts: list[str] = []
+    run: tuple[str, int, int] | None = None  # prefix, first, last
+    for name in [*names, ""]:
+        match = re.fullmatch(r"(.*?)(\d+)", name)
+        if run is not None and match and match[1] == run[0] and int(match[2]) == run[2] + 1:
+            run = (run[0], run[1], int(match[2]))
+            continue
+        if run is not None:
+            prefix, first, last = run
+            parts.append(f"{prefix}{first}" if first == last else f"{prefix}{first}…{last}")
+        run = (match[1], int(match[2]), int(match[2])) if match else None
+        if not match and name:
+            parts.append(name)
+    return f"{len(names)} block{'s' * (len(names) != 1)}: {', '.join(parts)}"
+
+
+def _units(find: Any, modules: list[Any]) -> list[tuple[str, Any]]:
+    """``find``'s units of each model; with several models, each unit's name begins with its model's."""
+    from instrument.timing import model_name
+
+    if len(modules) == 1:
+        return list(find(modules[0]))
+    names = [model_name(m) for m in modules]
+    names = [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+    return [(f"{prefix}.{name}", unit) for prefix, m in zip(names, modules) for name, unit in find(m)]
 
 
 def _unwrap(model: Any) -> tuple[Any, Any]:

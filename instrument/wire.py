@@ -17,6 +17,7 @@ import msgpack
 
 from instrument.events import CATEGORIES, CATEGORY_CODE, LANE_CODE, LANES, PHASE_CODE, PHASES, Event, EventColumns
 from instrument.schema import (
+    Added,
     FieldType,
     Int,
     Layout,
@@ -99,6 +100,8 @@ class Hello:
     wall_ns: int = field(metadata=wire(Int(), "`time.time_ns()`, read together with `mono_ns`"))
     mono_ns: int = field(metadata=wire(Int(), "`time.perf_counter_ns()`: the pair places the rank's times "
                                               "on the wall clock"))
+    units: str = field(default="", metadata=wire(Added(MAX_NAME_CHARS), "the timed units as attach found them: "
+                                                   "`6 blocks: embed, layers.0…3, head`; empty from older ranks"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +156,10 @@ class BucketList(FieldType):
 
 @dataclass(frozen=True, slots=True)
 class Buckets:
-    """The bucket to parameters map of one rank, sent once the buckets are final."""
+    """The bucket to parameters map of one rank, sent when first known and again whenever DDP rebuilds its buckets."""
 
     KIND: ClassVar[str] = "buckets"
-    WHEN: ClassVar[str] = "once the DDP buckets are final (after iteration 1), then again after every hello"
+    WHEN: ClassVar[str] = "after iteration 1; again when DDP rebuilds its buckets, and after every hello"
 
     seq: int = field(metadata=SEQ)
     rank: int = field(metadata=RANK)

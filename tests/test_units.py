@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 import instrument
 from instrument import wire
-from instrument.timing import block_units, layer_units
+from instrument.units import block_units, layer_units
 
 
 class Layer(nn.Module):
@@ -175,3 +176,234 @@ def test_a_shortcut_layer_ends_its_backward_when_it_is_done_not_when_the_other_b
         spans = sorted((e.start_ns, e.end_ns, e.name) for e in bwd.values())
         for (s1, e1, n1), (s2, e2, n2) in zip(spans, spans[1:]):
             assert e1 <= s2, f"{n1} [{s1}, {e1}] overlaps {n2} [{s2}, {e2}]"
+
+
+def _batches(collector: Any) -> list[wire.IterationBatch]:
+    return _iterations(collector)
+
+
+def _main_lane_in_order(batch: wire.IterationBatch) -> None:
+    main = sorted((e for e in batch.events if e.lane == "main"), key=lambda e: e.start_ns)
+    for a, b in zip(main, main[1:]):
+        assert a.end_ns <= b.start_ns, f"{a.phase} {a.name} [{a.start_ns}, {a.end_ns}] overlaps {b.phase} {b.name}"
+
+
+class Skip(nn.Module):
+    """A residual block whose output is the sum itself: its last node also takes the block's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_a_block_ending_in_its_residual_sum_ends_its_backward_where_the_block_before_begins(
+        collector: Any, endpoint: str) -> None:
+    """The sum's node takes the input and the branch: it is not the block's whole backward, the input's node is."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), Skip(), nn.Linear(32, 200))
+    assert _names(block_units(model)) == ["0", "1", "2"]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    collector.joined()
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(64, 8)).square().mean().backward()
+        optimizer.step()
+    tracer.close()
+    for batch in _batches(collector):
+        bwd = {e.name: e for e in batch.events if e.phase == "backward"}
+        assert bwd["1"].end_ns == bwd["0"].start_ns  # one stamp: the gradient of the block's input is complete
+
+
+def test_each_micro_batch_keeps_the_backward_of_the_unit_fed_no_gradient(collector: Any, endpoint: str) -> None:
+    """The embedding's backward ends at its last accumulation: the next micro-batch's forward emits it."""
+    model = LM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    collector.joined()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for _ in range(3):
+            ids = torch.randint(50, (4, 8), generator=g)
+            (nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()) / 3).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    tracer.close()
+    batches = _batches(collector)
+    assert len(batches) == 3
+    for batch in batches:
+        names = [e.name for e in batch.events if e.phase == "backward"]
+        assert {n: names.count(n) for n in set(names)} == {name: 3 for name in _names(block_units(model))}
+        _main_lane_in_order(batch)
+
+
+class Checkpointed(nn.Module):
+    """Embedding, three residual layers run through activation checkpointing, head."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.wte = nn.Embedding(50, 32)
+        self.h = nn.ModuleList(Skip() for _ in range(3))
+        self.head = nn.Linear(32, 50)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.wte(ids)
+        for layer in self.h:
+            if torch.is_grad_enabled():  # as transformers does: checkpointing is for training
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=self.reentrant)
+            else:
+                x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("granularity", ["block", "layer"])
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_checkpointed_layer_has_one_forward_and_one_backward_that_holds_its_recompute(
+        collector: Any, endpoint: str, reentrant: bool, granularity: str) -> None:
+    """Reentrant, the forward runs under no_grad and backward runs it again: neither may go untimed or twice.
+    The recompute is in the backward of the layer (block) or, per layer, of the segment's last layer."""
+    torch.manual_seed(0)
+    model = Checkpointed(reentrant)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint, granularity=granularity)
+    collector.joined()
+    units = [u.name for u in (tracer._layers if granularity == "layer" else tracer._blocks).units]
+    _train(model, tracer, optimizer, 3)
+    with torch.no_grad():  # evaluation is not timed, and does not disturb the next iteration
+        model(torch.randint(50, (4, 8)))
+    _train(model, tracer, optimizer, 1)
+    tracer.close()
+    batches = _batches(collector)
+    assert len(batches) == 4
+    for batch in batches:
+        assert [e.name for e in sorted(batch.events, key=lambda e: e.start_ns) if e.phase == "forward"] == units
+        backward = sorted((e for e in batch.events if e.phase == "backward"), key=lambda e: e.start_ns)
+        assert [e.name for e in backward] == units[::-1]
+        _main_lane_in_order(batch)
+        if batch.iteration == 0:  # warm-up: the first checkpointed backward initialises things (12 ms seen)
+            continue
+        span = backward[-1].end_ns - backward[0].start_ns
+        gaps = [(earlier.start_ns - later.end_ns, later.name, earlier.name) for later, earlier in zip(backward, backward[1:])]
+        untimed = sum(g for g, _, _ in gaps)
+        # the recompute is in a backward: untimed, it would be most of the span
+        assert untimed < 0.5 * span, (batch.iteration, span, gaps)
+
+
+class Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(50, 16)
+        self.h = nn.ModuleList(Layer() for _ in range(2))
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.wte(ids)
+        for layer in self.h:
+            x = layer(x)
+        return self.head(x)
+
+
+def _dynamo_counts() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {"graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["total"],
+            "breaks": sum(counters["graph_break"].values()), "unimplemented": sum(counters["unimplemented"].values())}
+
+
+def test_blocks_compiled_in_place_are_timed_around_their_compiled_call(collector: Any, endpoint: str) -> None:
+    """``layer.compile()`` compiles the layer's hooks with it: they must not run there, so the compiled call is
+    wrapped; Dynamo compiles what it compiles without dagtop (one graph, one frame, no break)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = Blocks()
+    for layer in model.h:
+        layer.compile(backend="eager")
+    compiled_call = model.h[0]._compiled_call_impl
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    collector.joined()
+    counters.clear()
+    _train(model, tracer, optimizer, 3)
+    assert _dynamo_counts() == {"graphs": 1, "frames": 1, "breaks": 0, "unimplemented": 0}
+    tracer.close()
+    assert model.h[0]._compiled_call_impl is compiled_call  # put back
+    for batch in _batches(collector):
+        assert [e.name for e in batch.events if e.phase == "forward"] == ["wte", "h.0", "h.1", "head"]
+        assert sorted(e.name for e in batch.events if e.phase == "backward") == ["h.0", "h.1", "head", "wte"]
+
+
+def _compiled_after_attach(attach: bool, collector: Any, endpoint: str) -> dict[str, int]:
+    """Train ``Blocks`` whose layers are compiled after attach (in place, and by swapping in a compiled module)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Blocks()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint) if attach else instrument.NullTracer()
+    if attach:
+        collector.joined()
+    model.h[0].compile(backend="eager")
+    model.h[1] = torch.compile(model.h[1], backend="eager")
+    counters.clear()
+    _train(model, tracer, optimizer, 3)
+    tracer.close()
+    return _dynamo_counts()
+
+
+def test_blocks_compiled_after_attach_are_not_split_by_the_hooks_inside_them(collector: Any, endpoint: str) -> None:
+    """Hooked before they were compiled, the layers' hooks are in the traced region now: they do nothing there,
+    and Dynamo compiles what it compiles without dagtop."""
+    without = _compiled_after_attach(False, collector, endpoint)
+    with_dagtop = _compiled_after_attach(True, collector, endpoint)
+    # Dynamo may compile a hook as a frame of its own (an empty one: the hook returns at once), never split a graph
+    del without["frames"], with_dagtop["frames"]
+    assert with_dagtop == without and without["breaks"] == without["unimplemented"] == 0
+    names = {e.name for batch in _batches(collector) for e in batch.events if e.phase == "forward"}
+    assert names == {"wte", "head"}  # the compiled layers go untimed, and say nothing wrong
+
+
+def test_compiled_autograd_is_not_split_by_the_backward_hooks(collector: Any, endpoint: str) -> None:
+    """Compiled autograd traces the hooks of the backward it compiles: dagtop's take no stamp there, so the
+    backward stays one graph compiled from one frame, with no break (the backward is then untimed)."""
+    from torch._dynamo import compiled_autograd
+
+    torch._dynamo.reset()
+    model = Blocks()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    collector.joined()
+    torch._dynamo.utils.counters.clear()
+    for _ in range(2):
+        ids = torch.randint(50, (4, 8))
+        loss = nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        optimizer.zero_grad()
+        with compiled_autograd._enable(torch.compile(backend="eager")):
+            loss.backward()
+        optimizer.step()
+    assert _dynamo_counts() == {"graphs": 1, "frames": 1, "breaks": 0, "unimplemented": 0}
+    tracer.close()
+    for batch in _batches(collector):  # backward untimed; the rest as ever
+        assert [e.phase for e in batch.events] == ["forward"] * 4 + ["update"]
+
+
+def test_attach_warns_once_that_compiled_autograd_leaves_backward_untimed(
+        endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._dynamo
+
+    from instrument import timing
+
+    monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)
+    timing._warn_if_backward_is_compiled.cache_clear()
+    model = Blocks()
+    with pytest.warns(RuntimeWarning, match="compiled autograd is on") as caught:
+        tracer = instrument.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), endpoint=endpoint)
+    tracer.close()
+    timing._warn_if_backward_is_compiled.cache_clear()
+    assert len(caught) == 1 and caught[0].filename == __file__

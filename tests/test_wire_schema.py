@@ -43,7 +43,7 @@ def test_python_m_instrument_wire_docs_prints_the_tables() -> None:
 def test_every_documented_key_is_one_the_codec_writes() -> None:
     """Each frame's table lists exactly the keys its encoder writes, in their order on the wire."""
     frames = [
-        wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1),
+        wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "1 block: M"),
         wire.IterationBatch(0, 0, 0, (), 0),
         wire.Buckets(0, 0, ()),
         wire.Bye(0, 0, 0, 0),
@@ -69,6 +69,14 @@ def test_recorded_frames_decode_and_encode_to_the_very_same_bytes() -> None:
             kinds.add(frame.KIND)
             assert wire.encode(frame) == raw.payload
     assert {"hello", "iter", "buckets"} <= kinds
+
+
+def test_a_field_added_later_is_written_only_when_set() -> None:
+    """``Hello.units`` came after the recordings: without it a hello is the bytes it was; with it, it round-trips."""
+    bare = wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1)
+    assert "units" not in msgpack.unpackb(wire.encode(bare)) and wire.decode(wire.encode(bare)).units == ""
+    said = dataclasses.replace(bare, units="6 blocks: embed, layers.0…3, head")
+    assert wire.decode(wire.encode(said)) == said
 
 
 def test_bye_and_telemetry_keep_their_keys_in_their_order() -> None:

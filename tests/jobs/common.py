@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -30,6 +31,11 @@ def save_losses(losses: list[float], name: str = "loss") -> None:
 
 
 def finish() -> None:
+    """Leave together, then exit at once: torch 2.13's gloo can hang for good freeing its process group (its
+    destructor holds the GIL while waiting for a worker thread that wants the GIL), a teardown that has
+    nothing to do with the job or with dagtop. Everything the job writes is written before this."""
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
