@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+
+import pytest
 
 
 def _modules_after(statement: str) -> set[str]:
@@ -43,18 +46,37 @@ def test_the_schema_loads_without_the_shims_machinery() -> None:
     assert not {m for m in loaded if m.split(".")[0] in _MONITOR_ONLY}
 
 
+_SHIM_BASE = "import torch, torch.distributed.algorithms.ddp_comm_hooks.default_hooks, zmq, msgpack"
+_INTEGRATIONS = {"hf": "transformers.trainer", "lightning": "lightning.pytorch"}
+"""instrument.X → the framework it imports: the user's choice, made by importing instrument.X and nothing else."""
+
+
 def test_no_module_of_the_shim_imports_the_monitor_or_its_libraries() -> None:
-    """Every module of instrument/ at once (instrument.cuda needs a CUDA build of torch, and imports nothing more).
+    """Every module of instrument/ at once (instrument.cuda needs a CUDA build of torch, and imports nothing more),
+    the framework integrations aside: without them, no framework is imported.
 
     torch itself loads numpy (and pynvml): only what the shim adds to torch, pyzmq and msgpack counts.
     """
     loaded = _modules_after(
         "import importlib, pkgutil, instrument\n"
         "for m in pkgutil.iter_modules(instrument.__path__):\n"
-        "    if m.name != 'cuda':\n"
+        f"    if m.name != 'cuda' and m.name not in {sorted(_INTEGRATIONS)}:\n"
         "        importlib.import_module('instrument.' + m.name)")
     assert "instrument.tracer" in loaded and "instrument.comm" in loaded  # the loop did import them
-    own = loaded - _modules_after("import torch, torch.distributed.algorithms.ddp_comm_hooks.default_hooks, zmq, msgpack")
+    own = loaded - _modules_after(_SHIM_BASE)
+    banned = {m for m in own if m.split(".")[0] in _MONITOR_ONLY}
+    assert not banned, sorted(banned)
+    frameworks = {m.split(".")[0] for m in loaded} & {"transformers", "accelerate", "lightning", "pytorch_lightning"}
+    assert not frameworks, sorted(frameworks)
+
+
+@pytest.mark.parametrize("integration", sorted(_INTEGRATIONS))
+def test_an_integration_adds_nothing_of_the_monitor_to_its_framework(integration: str) -> None:
+    """What a framework loads (accelerate loads psutil) is the framework's; what instrument.X adds to it counts."""
+    framework = _INTEGRATIONS[integration]
+    if importlib.util.find_spec(framework.split(".")[0]) is None:
+        pytest.skip(f"{framework} is not installed")
+    own = _modules_after(f"import instrument.{integration}") - _modules_after(f"{_SHIM_BASE}, {framework}")
     banned = {m for m in own if m.split(".")[0] in _MONITOR_ONLY}
     assert not banned, sorted(banned)
 
