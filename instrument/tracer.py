@@ -205,6 +205,10 @@ class Tracer:
             raise ValueError("no model given")
         unwrapped = [_unwrap(m) for m in models]
         ddp, module = unwrapped[0]  # the first model's DDP has its collectives timed
+        if sum(d is not None for d, _ in unwrapped[1:]):
+            warnings.warn("dagtop: several models in DistributedDataParallel: only the first one's gradient buckets "
+                          "are timed (their names would collide); the others' all-reduces count as untimed time",
+                          RuntimeWarning, stacklevel=4)
         self._module = module
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
