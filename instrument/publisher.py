@@ -12,6 +12,7 @@ from typing import Any, Final, Protocol
 import zmq
 
 from instrument import wire
+from instrument.spans import fill_spans
 
 QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
@@ -197,6 +198,7 @@ class Publisher:
                     self.dropped_send += 1
                     continue
                 events = self._resolver.resolve(events)
+            events = fill_spans(events)
             self._queue.popleft()
             self.iterations = body + 1
             self._send(sock, wire.encode_iteration(self.seq, self.rank, body, events, self.dropped))

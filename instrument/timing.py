@@ -211,6 +211,7 @@ class UnitTimer:
         lane: str,
         switch: Switch,
         fail: Callable[[BaseException], None],
+        boundaries: dict[int, _Boundary] | None = None,
     ) -> None:
         self.units = [Unit(n, m) for n, m in units]
         self._events = events
@@ -220,8 +221,9 @@ class UnitTimer:
         self._switch = switch
         self._fail = fail
         self._handles: list[Any] = []
-        self._boundaries: dict[int, _Boundary] = {}
-        """Autograd node id -> its prehook, for the current iteration (holding the node keeps the id unique)."""
+        self._boundaries: dict[int, _Boundary] = {} if boundaries is None else boundaries
+        """Autograd node id -> its prehook, for the current iteration (holding the node keeps the id unique);
+        shared by the timers of a TimerSet, so that a node where a unit and a span meet has one stamp."""
         self._forward_open = False
         """A forward that builds a graph has begun and its backward has not: a unit's forward run without a
         graph now is part of it (reentrant checkpointing)."""
@@ -459,6 +461,44 @@ class UnitTimer:
             if i != unit.last_param:
                 handle.remove()
         unit.grad_hooks = [hooks[unit.last_param]]
+
+
+class TimerSet:
+    """The timed units of one granularity and the spans around them (instrument/spans.py), hooked, flushed
+    and removed together: the units' own timer, then one timer per level of spans (they must not nest)."""
+
+    def __init__(self, units: UnitTimer, spans: list[UnitTimer]) -> None:
+        self.timers = [units, *spans]
+
+    @classmethod
+    def of(cls, units: list[tuple[str, nn.Module]], levels: list[list[tuple[str, nn.Module]]],
+           events: list[tuple[Any, ...]], stamp: Stamp, lane: str, switch: Switch,
+           fail: Callable[[BaseException], None]) -> TimerSet:
+        from instrument.spans import SPAN
+
+        shared: dict[int, _Boundary] = {}
+        return cls(UnitTimer(units, events, stamp, lane, switch, fail, shared),
+                   [UnitTimer(level, events, stamp, SPAN + lane, switch, fail, shared) for level in levels])
+
+    @property
+    def units(self) -> list[Unit]:
+        return self.timers[0].units
+
+    @property
+    def installed(self) -> bool:
+        return self.timers[0].installed
+
+    def install(self) -> None:
+        for timer in self.timers:
+            timer.install()
+
+    def remove(self) -> None:
+        for timer in self.timers:
+            timer.remove()
+
+    def flush(self) -> None:
+        for timer in self.timers:
+            timer.flush()
 
 
 @functools.cache

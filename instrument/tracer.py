@@ -197,7 +197,7 @@ class Tracer:
         import torch
 
         from instrument.publisher import Publisher
-        from instrument.timing import UnitTimer, block_units, layer_units, model_name
+        from instrument.timing import TimerSet, block_units, layer_units, model_name
         from instrument.timing import _grad_fns as grad_fns
 
         models = list(model) if isinstance(model, (list, tuple)) else [model]
@@ -223,8 +223,11 @@ class Tracer:
 
         switch = self._switch
         modules = [m for _, m in unwrapped]
-        self._blocks = UnitTimer(_units(block_units, modules), self._events, stamp, self._lane, switch, self._fail)
-        self._layers = UnitTimer(_units(layer_units, modules), self._events, stamp, self._lane, switch, self._fail)
+        # The units, and around them the modules whose own work falls between them (instrument/spans.py).
+        self._blocks = TimerSet.of(_units(block_units, modules), _spans(block_units, modules), self._events, stamp,
+                                   self._lane, switch, self._fail)
+        self._layers = TimerSet.of(_units(layer_units, modules), _spans(layer_units, modules), self._events, stamp,
+                                   self._lane, switch, self._fail)
         self._detailed_now = False
         self._switch_units(self._detailed(0))
         self._optimizers = _optimizers(optimizer)
@@ -238,7 +241,9 @@ class Tracer:
         self._grad_enabled, self._compiling, self._grad_fns = torch.is_grad_enabled, torch.compiler.is_compiling, grad_fns
         self._ddp_of = {id(m): d for m, (d, _) in zip(models, unwrapped)}
         for m in models:
-            self._handles.append(m.register_forward_pre_hook(self._on_top_forward))
+            # First of the model's hooks: the forward that ends an iteration ends it before a span of the model
+            # (instrument/spans.py) hands over what it still holds of the last backward.
+            self._handles.append(m.register_forward_pre_hook(self._on_top_forward, prepend=True))
             self._handles.append(m.register_forward_hook(self._after_top_forward))
         self._units_said = (f"{describe_units([u.name for u in self._blocks.units])}; "
                             f"{len(self._layers.units)} layers")
@@ -589,13 +594,33 @@ def describe_units(names: list[str]) -> str:
 
 def _units(find: Any, modules: list[Any]) -> list[tuple[str, Any]]:
     """``find``'s units of each model; with several models, each unit's name begins with its model's."""
-    from instrument.timing import model_name
-
     if len(modules) == 1:
         return list(find(modules[0]))
+    return [(f"{prefix}.{name}", unit) for prefix, m in zip(_prefixes(modules), modules) for name, unit in find(m)]
+
+
+def _spans(find: Any, modules: list[Any]) -> list[list[tuple[str, Any]]]:
+    """The span levels around ``find``'s units of each model (instrument/spans.py), named as :func:`_units`
+    names the units; the models are disjoint, so their levels of one depth are one level."""
+    from instrument.units import span_levels
+
+    if len(modules) == 1:
+        return span_levels(modules[0], find(modules[0]))
+    levels: list[list[tuple[str, Any]]] = []
+    for prefix, m in zip(_prefixes(modules), modules):
+        for depth, level in enumerate(span_levels(m, find(m), prefix)):
+            if depth == len(levels):
+                levels.append([])
+            levels[depth].extend(level)
+    return levels
+
+
+def _prefixes(modules: list[Any]) -> list[str]:
+    """Each model's name, numbered where two are of one class."""
+    from instrument.timing import model_name
+
     names = [model_name(m) for m in modules]
-    names = [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
-    return [(f"{prefix}.{name}", unit) for prefix, m in zip(names, modules) for name, unit in find(m)]
+    return [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
 def _unwrap(model: Any) -> tuple[Any, Any]:

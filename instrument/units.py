@@ -91,3 +91,36 @@ def layer_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
 
     visit("", root)
     return units or block_units(root)
+
+
+def span_levels(root: nn.Module, units: list[tuple[str, nn.Module]],
+                root_name: str = "") -> list[list[tuple[str, nn.Module]]]:
+    """The modules around ``units`` that run code of their own (instrument/spans.py), by depth.
+
+    Every module that holds a unit, up to ``root``, except containers (a ModuleList is never called) and
+    units themselves. Level 0 is the outermost; modules of one level never hold each other, so each level
+    can be timed as units are (a UnitTimer assumes its units do not nest). Named as the units are: by path,
+    after ``root_name`` and a dot if given; the root itself ``root_name``, else its class name.
+    """
+    unit_ids = {id(m) for _, m in units}
+    if id(root) in unit_ids or compiled(root):
+        return []
+    paths = {id(m): n for n, m in root.named_modules()}
+    named = dict(root.named_modules())
+    spans: dict[str, nn.Module] = {}
+    for _, unit in units:
+        path = paths.get(id(unit))
+        if not path:
+            continue
+        parts = path.split(".")
+        for depth in range(len(parts)):
+            prefix = ".".join(parts[:depth])
+            module = named[prefix]
+            if id(module) not in unit_ids and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+                spans[prefix] = module
+    levels: dict[int, list[tuple[str, nn.Module]]] = {}
+    for path, module in sorted(spans.items()):
+        depth = sum(1 for other in spans if other != path and (other == "" or path.startswith(other + ".")))
+        name = f"{root_name}.{path}" if root_name and path else path or root_name or model_name(root)
+        levels.setdefault(depth, []).append((name, module))
+    return [levels[d] for d in sorted(levels)]

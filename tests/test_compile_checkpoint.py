@@ -20,8 +20,15 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 
 
-def _names(batch: wire.IterationBatch, phase: str) -> list[str]:
-    return [e.name for e in sorted(batch.events, key=lambda e: e.start_ns) if e.phase == phase]
+MODELS = {"Transformer", "Stack"}
+"""A model's own work between its units is a task of its name (tests/test_spans.py)."""
+
+
+def _names(batch: wire.IterationBatch, phase: str, units: list[str]) -> list[str]:
+    """The names of ``phase``'s tasks of ``units`` in order; any other must be the model's own work."""
+    names = [e.name for e in sorted(batch.events, key=lambda e: e.start_ns) if e.phase == phase]
+    assert set(names) - set(units) <= MODELS, names
+    return [n for n in names if n in units]
 
 
 def _check_iterations(frames: list[Any], units: list[str]) -> dict[int, dict[int, wire.IterationBatch]]:
@@ -32,9 +39,9 @@ def _check_iterations(frames: list[Any], units: list[str]) -> dict[int, dict[int
     for it, ranks in iterations.items():
         for rank, batch in ranks.items():
             where = f"iteration {it} rank {rank}"
-            assert _names(batch, "forward") == units, where
-            assert Counter(_names(batch, "backward")) == Counter(units), where
-            assert _names(batch, "update") == ["optimizer.step"], where
+            assert _names(batch, "forward", units) == units, where
+            assert Counter(_names(batch, "backward", units)) == Counter(units), where
+            assert _names(batch, "update", ["optimizer.step"]) == ["optimizer.step"], where
             allreduce = [e for e in batch.events if e.phase == "allreduce"]
             assert allreduce and all(e.bytes > 0 and e.lane == "comm" for e in allreduce), where
             main = sorted((e for e in batch.events if e.lane == "main"), key=lambda e: e.start_ns)
@@ -48,7 +55,7 @@ def _backward_is_timed(iterations: dict[int, dict[int, wire.IterationBatch]]) ->
     layer's backward, not in a gap between two (untimed, it would be half the backward pass or more)."""
     for it, ranks in iterations.items():
         for rank, batch in ranks.items():
-            backward = [e for e in batch.events if e.phase == "backward"]
+            backward = [e for e in batch.events if e.phase == "backward" and e.name not in MODELS]
             span = max(e.end_ns for e in backward) - min(e.start_ns for e in backward)
             covered = sum(e.duration_ns for e in backward)  # they do not overlap (checked above)
             assert covered >= 0.5 * span, f"iteration {it} rank {rank}: {covered / span:.0%} of the backward timed"
