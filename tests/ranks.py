@@ -34,6 +34,8 @@ class JobRun:
     losses: dict[int, list[str]]
     """Rank → its losses as ``float.hex`` strings (tests/jobs/common.py)."""
     log: str
+    times: dict[int, list[float]]
+    """Rank → when each loss came (``perf_counter`` seconds), for the jobs that note it."""
 
     @property
     def ok(self) -> bool:
@@ -71,10 +73,12 @@ def run_job(script: str, *args: str, world: int = 2, endpoint: str | None = None
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
-    losses = {}
+    losses, times = {}, {}
     for path in out.glob("loss-*.json"):
         losses[int(path.stem.split("-")[1])] = json.loads(path.read_text())
-    return JobRun([p.returncode for p in procs], losses, log.read_text(errors="replace"))
+    for path in out.glob("times-*.json"):
+        times[int(path.stem.split("-")[1])] = json.loads(path.read_text())
+    return JobRun([p.returncode for p in procs], losses, log.read_text(errors="replace"), times)
 
 
 def iterations(frames: list[RawFrame]) -> dict[int, dict[int, wire.IterationBatch]]:

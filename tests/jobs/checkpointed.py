@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import finish, save_losses, start
+from common import Losses, finish, save_losses, start
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
@@ -62,7 +62,7 @@ def main() -> None:
     tracer = instrument.attach(model, optimizer, granularity=args.granularity)
     g = torch.Generator().manual_seed(1000 + rank)
     data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(args.steps)]
-    losses: list[float] = []
+    losses = Losses()
     for tokens in tracer.loader(data):
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))

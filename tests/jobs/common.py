@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -25,9 +26,25 @@ def start(seed: int = 0) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+class Losses(list):  # type: ignore[type-arg]
+    """The losses, each noted with when it came (``perf_counter``): benchmarks/bench_frameworks.py times the
+    steps from them, the same clock in a plain and a timed run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def append(self, loss: float) -> None:
+        self.times.append(time.perf_counter())
+        super().append(loss)
+
+
 def save_losses(losses: list[float], name: str = "loss") -> None:
-    out = Path(os.environ["JOB_OUT"]) / f"{name}-{dist.get_rank() if dist.is_initialized() else 0}.json"
-    out.write_text(json.dumps([float(x).hex() for x in losses]))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    out = Path(os.environ["JOB_OUT"])
+    (out / f"{name}-{rank}.json").write_text(json.dumps([float(x).hex() for x in losses]))
+    if isinstance(losses, Losses):
+        (out / f"times-{rank}.json").write_text(json.dumps(losses.times))
 
 
 def finish() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 import torch._dynamo
-from common import finish, save_losses, start
+from common import Losses, finish, save_losses, start
 from torch import nn
 from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -78,7 +78,7 @@ def main() -> None:
     tracer = instrument.attach(model, optimizer)
     g = torch.Generator().manual_seed(1000 + rank)
     data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(args.steps)]
-    losses: list[float] = []
+    losses = Losses()
     counters.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -21,7 +21,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from common import finish, save_losses, start
+from common import Losses, finish, save_losses, start
 from torch import nn
 
 import instrument
@@ -95,7 +95,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(1000 + rank)
     data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(args.steps * micro)]
     it = iter(tracer.loader(data))
-    losses: list[float] = []
+    losses = Losses()
     times: list[float] = []
     for _ in range(args.steps):
         begin = time.perf_counter()

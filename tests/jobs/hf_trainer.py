@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import torch
-from common import save_losses
+from common import Losses, save_losses
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from instrument.hf import DagtopCallback
@@ -47,7 +47,7 @@ class LossRecorder(TrainerCallback):
     and the time of every optimizer step, end to end."""
 
     def __init__(self) -> None:
-        self.losses: list[float] = []
+        self.losses = Losses()
         self.step_ends: list[tuple[float, float]] = []
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

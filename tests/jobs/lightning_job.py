@@ -19,7 +19,7 @@ import warnings
 
 import lightning as L
 import torch
-from common import save_losses
+from common import Losses, finish, save_losses
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -48,7 +48,7 @@ class Regressor(L.LightningModule):
         self.automatic_optimization = not manual
         self.layers = nn.ModuleList(Block() for _ in range(3))
         self.head = nn.Linear(WIDTH, 1)
-        self.losses: list[float] = []
+        self.losses = Losses()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -84,9 +84,9 @@ class Regressor(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
-def dataset() -> TensorDataset:
+def dataset(steps: int = STEPS) -> TensorDataset:
     g = torch.Generator().manual_seed(1234)
-    x = torch.randn(2 * BATCH * STEPS, WIDTH, generator=g)
+    x = torch.randn(2 * BATCH * steps, WIDTH, generator=g)
     return TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
 
 
@@ -94,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
     parser.add_argument("--manual", action="store_true")
+    parser.add_argument("--steps", type=int, default=STEPS)
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread per rank: two ranks share two cores
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -102,12 +103,15 @@ def main() -> None:
     if args.strategy == "fsdp":
         strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, process_group_backend="gloo")
     model = Regressor(manual=args.manual, fsdp=args.strategy == "fsdp")
-    trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy=strategy, max_steps=STEPS,
+    trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy=strategy, max_steps=args.steps,
                         callbacks=[DagtopCallback()], deterministic=True, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, val_check_interval=VALIDATE_EVERY, limit_val_batches=2)
-    trainer.fit(model, DataLoader(dataset(), batch_size=BATCH), DataLoader(dataset(), batch_size=BATCH))
+    trainer.fit(model, DataLoader(dataset(args.steps), batch_size=BATCH), DataLoader(dataset(), batch_size=BATCH))
     save_losses(model.losses)
+    # Leave at once (the callback has said bye): torch 2.13's gloo aborted about one exit in a few dozen here,
+    # plain runs too ("terminate called without an active exception"), tearing down its threads.
+    finish()
 
 
 if __name__ == "__main__":

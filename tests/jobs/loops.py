@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import finish, save_losses, start
+from common import Losses, finish, save_losses, start
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     rank, _ = start()
     model = DDP(Transformer())
-    losses: list[float] = []
+    losses = Losses()
     micro = args.micro if args.mode == "accumulate" else 1
     data = batches(rank, args.steps * micro)
     if args.mode == "two_optimizers":
