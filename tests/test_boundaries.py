@@ -173,4 +173,6 @@ def test_a_ddp_job_is_cut_into_its_iterations(mode: str, collector: Any, endpoin
 
     summary = report(frames, tmp_path, capsys)
     assert summary["communication_seen"] is True
-    assert summary["critical_path"]["compute"] > summary["critical_path"]["other"]
+    # Iterations cut elsewhere would leave their blocks outside the DAG (compute near 0). Seen: 40-75 % compute;
+    # "other" (the loop's untimed Python, and the rank waiting for a core on a loaded VM) 11-60 %.
+    assert summary["critical_path"]["compute"] > 0.25, summary["critical_path"]

@@ -61,12 +61,18 @@ def _backward_is_timed(iterations: dict[int, dict[int, wire.IterationBatch]]) ->
             assert covered >= 0.5 * span, f"iteration {it} rank {rank}: {covered / span:.0%} of the backward timed"
 
 
-def _compute_dominates(frames: list[Any], tmp_path: Path, capsys: Any) -> None:
+def _compute_dominates(frames: list[Any], tmp_path: Path, capsys: Any, *, all_compute: bool) -> None:
+    """Untimed, the blocks' time would be "other" (75 % seen, compute 12 %). The checkpointed jobs are all compute
+    (81-91 % seen); the compiled ones are small enough that their all-reduce weighs as much (37-55 % compute,
+    8-10 % other, 37-53 % all-reduce seen) and a loaded VM's waits for a core ("other") more: compute over
+    other is what holds there."""
     summary = report(frames, tmp_path, capsys)
     assert summary["communication_seen"] is True
     shares = summary["critical_path"]
-    # An all-compute job: compute is the largest share (untimed, the blocks' time would be "other": 75 % seen)
-    assert summary["bottleneck"] == "compute" and shares["compute"] > 1.5 * shares["other"], shares
+    if all_compute:
+        assert summary["bottleneck"] == "compute" and shares["compute"] > 2 * shares["other"], shares
+    else:
+        assert shares["compute"] > shares["other"], shares
 
 
 def _twice(script: str, *args: str, endpoint: str) -> tuple[JobRun, JobRun]:
@@ -109,7 +115,7 @@ def test_a_compiled_job_is_timed_without_changing_what_dynamo_compiles(
     assert set(maps) == {0, 1}
     for buckets in maps.values():  # named as in the model, never through the compiled wrapper (`_orig_mod.`)
         assert "head.weight" in {name for b in buckets for name in b.parameters}
-    _compute_dominates(frames, tmp_path, capsys)
+    _compute_dominates(frames, tmp_path, capsys, all_compute=False)
 
 
 # ---------------------------------------------------------------------------------------------- checkpointing
@@ -135,7 +141,7 @@ def test_reentrant_checkpointing_under_static_graph_ddp_times_each_layer_and_fol
             assert seen == sizes, (it, rank, seen, sizes)
         names = [p for b in last.buckets for p in b.parameters]
         assert sorted(names) == sorted(set(names)) and "module.head.weight" not in names and "head.weight" in names
-    _compute_dominates(frames, tmp_path, capsys)
+    _compute_dominates(frames, tmp_path, capsys, all_compute=True)
 
 
 def test_non_reentrant_checkpointing_keeps_one_forward_and_one_backward_per_layer(
@@ -143,4 +149,4 @@ def test_non_reentrant_checkpointing_keeps_one_forward_and_one_backward_per_laye
     _twice("checkpointed.py", "--checkpoint", "nonreentrant", "--steps", str(STEPS), endpoint=endpoint)
     frames = collector.until_bye(2)
     _backward_is_timed(_check_iterations(frames, LAYERS))
-    _compute_dominates(frames, tmp_path, capsys)
+    _compute_dominates(frames, tmp_path, capsys, all_compute=True)
