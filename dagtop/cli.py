@@ -59,6 +59,16 @@ def _speed(text: str) -> float:
     return value
 
 
+def _metrics_address(text: str) -> tuple[str, int]:
+    """``PORT`` (every interface) or ``HOST:PORT`` for the Prometheus endpoint."""
+    from dagtop.interop.metrics import parse_address
+
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _output_file(text: str) -> str:
     """A recording to write: checked before anything binds or starts, so a typo costs nothing."""
     path = Path(text)
@@ -98,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bind", type=_endpoint, default=DEFAULT_ENDPOINT,
                         help="endpoint the ranks publish to (default %(default)s)")
     parser.add_argument("--ranks", type=_count, default=None, help="ranks to expect (default: from the ranks' hello)")
+    parser.add_argument("--auth", default=None, metavar="DIR",
+                        help="take only ranks holding the rank key of `dagtop keygen DIR` (CURVE; ranks: DAGTOP_AUTH=DIR)")
+    parser.add_argument("--metrics-port", type=_metrics_address, default=None, metavar="[HOST:]PORT",
+                        help="serve Prometheus metrics there (docs/metrics.md)")
     sub = parser.add_subparsers(dest="command")
 
     rec = sub.add_parser("record", help="collect headless into a recording")
@@ -107,15 +121,30 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop once N iterations are complete on every rank")
     rec.add_argument("--timeout", type=float, default=None, help="give up after S seconds with nothing received")
     rec.add_argument("--ranks", type=_count, default=None, help="ranks to expect (default: from the ranks' hello)")
+    rec.add_argument("--auth", default=None, metavar="DIR",
+                     help="take only ranks holding the rank key of `dagtop keygen DIR` (CURVE; ranks: DAGTOP_AUTH=DIR)")
+    rec.add_argument("--metrics-port", type=_metrics_address, default=None, metavar="[HOST:]PORT",
+                     help="serve Prometheus metrics there while recording (docs/metrics.md)")
 
     rep = sub.add_parser("report", help="summarise a recording: bottleneck, straggler, critical path, what-if")
     rep.add_argument("file", help="a recording made by `dagtop record` or `dagtop demo --record`")
     rep.add_argument("--json", action="store_true", help="print JSON (schema in docs/report.md)")
     rep.add_argument("--iterations", type=_iteration_range, default=None, metavar="A:B", help="analyse iterations A..B-1")
 
+    kg = sub.add_parser("keygen", help="write the CURVE key pairs of the monitor and the ranks, for --auth")
+    kg.add_argument("directory", metavar="DIR", help="where to write them (made if missing; never overwritten)")
+
     rpl = sub.add_parser("replay", help="the live screen, from a recording")
     rpl.add_argument("file")
     rpl.add_argument("--speed", type=_speed, default=1.0, help="playback speed (0: as fast as possible)")
+
+    imp = sub.add_parser("import", help="PyTorch-profiler traces (one per rank) into a recording")
+    imp.add_argument("traces", nargs="+", metavar="TRACE", help="a Kineto trace per rank: .json or .json.gz")
+    imp.add_argument("-o", "--output", type=_output_file, required=True, help="recording to write")
+
+    exp = sub.add_parser("export", help="a recording as a Chrome trace-event JSON (Perfetto, chrome://tracing)")
+    exp.add_argument("file", help="a recording (`dagtop record`, `dagtop import`)")
+    exp.add_argument("-o", "--output", type=_output_file, required=True, help="trace to write, e.g. run.trace.json")
 
     demo = sub.add_parser("demo", help="run a real CPU DDP job (gloo) and watch it")
     demo.add_argument("--ranks", type=_count, default=2, help="ranks to spawn (default %(default)s)")
@@ -141,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "keygen":
+        from dagtop.auth import run_keygen
+
+        return run_keygen(args)
     if args.command == "record":
         from dagtop.record import run_record
 
@@ -153,6 +186,14 @@ def _run(args: argparse.Namespace) -> int:
         from dagtop.demo.launch import run_demo
 
         return run_demo(args)
+    if args.command == "import":
+        from dagtop.interop.importer import run_import
+
+        return run_import(args)
+    if args.command == "export":
+        from dagtop.interop.chrome import run_export
+
+        return run_export(args)
     if args.command == "replay":
         from dagtop.ui.run import run_replay
 

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
+from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
 from dagtop.model.admission import Admission
 from dagtop.model.completion import missing
 from dagtop.recording import RawFrame, RecordingWriter
 from dagtop.sources import BindError, FrameSource, ZmqSource
 from instrument import wire
+
+ITERATIONS_KEPT = 4096
+"""Iterations whose ranks the recorder keeps track of; past this the oldest is forgotten (bounded memory)."""
+NOTE_EVERY_S = 1.0
+"""How often, at most, the recorder writes its intake note (the rejections so far) into the recording."""
 
 
 @dataclass
@@ -36,7 +44,15 @@ class RecordProgress:
     """Iterations complete by the model's rule: a frame from every rank below the world size that had not said
     bye before the iteration."""
     stopped_because: str = ""
-    """'iterations', 'timeout', 'bye', 'stopped' or 'interrupted'."""
+    """'iterations', 'timeout', 'bye', 'stopped', 'interrupted' or 'disk'."""
+    written: int = 0
+    """Frames written to the recording: those taken in (rejected frames and duplicates are only counted)."""
+    rejections: dict[str, int] = field(default_factory=dict)
+    """Rejected frames by reason (:func:`~dagtop.model.admission.reason_of`)."""
+    refused: int = 0
+    """Connections refused by CURVE authentication (``--auth``): a rank without the key, or with a wrong one."""
+    disk_error: str = ""
+    """Why the recording could not be written on ('disk'), in one line."""
 
     def line(self) -> str:
         expected = "?" if self.ranks_expected is None else str(self.ranks_expected)
@@ -44,8 +60,14 @@ class RecordProgress:
             f"{self.frames} frames · ranks {len(self.ranks_seen)}/{expected} · "
             f"{self.complete} complete iterations · {self.rejected} rejected"
         )
-        if self.first_rejection:
+        if self.rejections:
+            top = sorted(self.rejections.items(), key=lambda kv: -kv[1])
+            reasons = ", ".join(f"{reason} ×{n}" for reason, n in top[:3])
+            text += f" ({reasons}{', …' if len(top) > 3 else ''}; first: {self.first_rejection})"
+        elif self.first_rejection:
             text += f" (first: {self.first_rejection})"
+        if self.refused:
+            text += f" · {self.refused} refused by --auth"
         return text
 
 
@@ -64,10 +86,11 @@ class _Tally:
         self.waiting: set[int] = set()
         """Iterations seen and not complete yet."""
 
-    def note(self, raw: RawFrame) -> None:
-        """Fold one frame into the progress (the frame is already on disk, whatever it holds)."""
+    def note(self, raw: RawFrame) -> bool:
+        """Fold one frame into the progress; whether it was taken in (decoded, not rejected, not a duplicate):
+        only those are written to the recording."""
         p, admission = self.progress, self.admission
-        rejected = admission.rejected
+        rejected, taken_in = admission.rejected, admission.taken_in
         ranks_changed = False
         for _, frame in admission.admit(raw):
             p.ranks_seen.add(frame.rank)
@@ -79,11 +102,17 @@ class _Tally:
                 p.iterations.setdefault(frame.iteration, set()).add(frame.rank)
                 self.waiting.add(frame.iteration)
                 self._count((frame.iteration,))
+                while len(p.iterations) > ITERATIONS_KEPT:  # iteration numbers that jump about: forget the oldest
+                    oldest = min(p.iterations)
+                    del p.iterations[oldest]
+                    self.waiting.discard(oldest)
         if ranks_changed:  # a world size or a bye changes which ranks an iteration awaits
             self._count(sorted(self.waiting))
         if admission.rejected > rejected:
             p.rejected = admission.rejected
             p.first_rejection = p.first_rejection or (admission.last_rejection or "")[:120]
+            p.rejections = admission.rejections
+        return admission.taken_in > taken_in
 
     def _count(self, iterations: Iterable[int]) -> None:
         p = self.progress
@@ -110,7 +139,11 @@ def record(
 
     Stops when ``iterations`` are complete on every rank, when nothing arrived for ``timeout`` seconds,
     when every expected rank said bye, when ``should_stop()`` is true, or on KeyboardInterrupt (the file is
-    kept either way). Frames that fail to decode are recorded too: the recording is the raw truth.
+    kept either way), or when the recording cannot be written on ('disk': the file keeps every whole record
+    written before). Only frames taken in are written: a frame that does not decode, that the model would reject
+    (a rank at or above the world size) or a duplicate is counted by reason, and the counts go into the
+    recording as the recorder's intake note (about once a second while they change, and at the end), never the
+    frame itself, so junk cannot fill the disk. Only frames taken in restart the ``timeout``.
 
     Args:
         ranks: ranks to expect; default the largest world size in the ranks' hellos.
@@ -119,17 +152,22 @@ def record(
     state = RecordProgress(ranks_expected=ranks)
     tally = _Tally(state, ranks)
     last_frame = time.monotonic()
-    last_report = 0.0
+    last_report = last_note = 0.0
+    noted = (0, 0)
     try:
         while True:
             frames = source.poll(0.05)
             now = time.monotonic()
             for raw in frames:
-                writer.append(raw)
                 state.frames += 1
-                tally.note(raw)
-            if frames:
-                last_frame = now
+                if tally.note(raw):
+                    _write(writer.append, raw)
+                    state.written += 1
+                    last_frame = now
+            state.refused = source.refused
+            if (state.rejected, state.refused) != noted and now - last_note >= NOTE_EVERY_S:
+                _write(writer.note, intake_note(state))
+                noted, last_note = (state.rejected, state.refused), now
             if progress is not None and now - last_report >= 0.2:
                 progress(state)
                 last_report = now
@@ -147,17 +185,50 @@ def record(
                 break
     except KeyboardInterrupt:
         state.stopped_because = "interrupted"
+    except _WriteFailed as failed:
+        state.stopped_because, state.disk_error = "disk", _disk_error(failed.error, writer)
+    if state.stopped_because != "disk" and (state.rejected, state.refused) != noted:
+        try:
+            _write(writer.note, intake_note(state))
+        except _WriteFailed as failed:
+            state.stopped_because, state.disk_error = "disk", _disk_error(failed.error, writer)
     if progress is not None:
         progress(state)
     return state
 
 
+class _WriteFailed(Exception):
+    """The recording could not be written on; the source's own errors are not this."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _write(call: Callable[[Any], None], what: Any) -> None:
+    try:
+        call(what)
+    except OSError as exc:
+        raise _WriteFailed(exc) from exc
+
+
+def intake_note(state: RecordProgress) -> dict[str, Any]:
+    """The recorder's intake note, as ``report --json`` shows it under ``intake`` (docs/report.md)."""
+    return {"k": "intake", "frames": state.frames, "rejected": state.rejected,
+            "reasons": dict(state.rejections), "first": state.first_rejection or "", "refused": state.refused}
+
+
+def _disk_error(exc: OSError, writer: RecordingWriter) -> str:
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return f"cannot write {writer.path}: {why}; stopped, {writer.frames} frames kept (the file reads as it is)"
+
+
 class ProgressLine:
     """One status line on a terminal, rewritten in place; on a pipe only the final line is written."""
 
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stderr  # looked up now, not at import: tests and callers may replace it
+        self._tty = self._stream.isatty()
 
     def __call__(self, state: RecordProgress) -> None:
         if self._tty:
@@ -172,13 +243,35 @@ class ProgressLine:
 
 def run_record(args: argparse.Namespace) -> int:
     """The ``dagtop record`` command; returns the exit status."""
+    source: FrameSource
     try:
-        source = ZmqSource(args.bind)
+        source = ZmqSource(args.bind, auth=monitor_auth(getattr(args, "auth", None)))
+    except AuthError as exc:
+        print(f"dagtop record: --auth: {exc}", file=sys.stderr)
+        return exc.code
     except BindError as exc:
         print(f"dagtop record: {exc}", file=sys.stderr)
         return Exit.RECORD_CANNOT_BIND
+    if getattr(args, "metrics_port", None) is not None:  # analysed on the side, for Prometheus only
+        from dagtop.interop.metrics import MeteredSource, MetricsError
+
+        try:
+            source = MeteredSource(source, args.metrics_port, args.ranks)
+        except MetricsError as exc:
+            source.close()
+            print(f"dagtop record: {exc}", file=sys.stderr)
+            return Exit.RECORD_CANNOT_BIND
+    if hasattr(signal, "SIGXFSZ"):  # past `ulimit -f`, a write fails with EFBIG (handled) instead of a core dump
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     line = ProgressLine()
-    with RecordingWriter(args.output) as writer:
+    try:
+        writer = RecordingWriter(args.output)
+    except OSError as exc:
+        source.close()
+        print(f"dagtop record: cannot write {args.output}: {os.strerror(exc.errno or 0) if exc.errno else exc}",
+              file=sys.stderr)
+        return Exit.DISK
+    with writer:
         try:
             result = record(source, writer, args.iterations, args.timeout, args.ranks, line)
         finally:
@@ -188,6 +281,9 @@ def run_record(args: argparse.Namespace) -> int:
 
 
 def _exit_status(result: RecordResult, args: argparse.Namespace, frames: int) -> int:
+    if result.stopped_because == "disk":
+        print(f"dagtop record: {result.disk_error}", file=sys.stderr)
+        return Exit.DISK
     if result.stopped_because == "timeout":
         what = "nothing received" if result.frames == 0 else "nothing more received"
         print(

@@ -13,7 +13,7 @@ from dagtop.exits import Exit
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import WARM_UP, IterationAnalysis
 from dagtop.model.summary import collectives, summarize
-from dagtop.recording import RecordingError, RecordingReader
+from dagtop.recording import RecordingError, RecordingReader, read_notes
 
 COLLECTIVES_SHOWN = 5
 """The text report names this many collectives, those holding the most of the critical path."""
@@ -41,6 +41,22 @@ def load(path: str) -> tuple[Pipeline, bool]:
     pipeline.feed(batch)
     pipeline.finish()
     return pipeline, reader.truncated
+
+
+def intake_of(path: str) -> dict[str, Any] | None:
+    """What ``dagtop record`` refused while recording (its intake note), as docs/report.md describes ``intake``;
+    None for a recording without one (nothing refused, or an older recorder)."""
+    note = read_notes(path).get("intake")
+    if note is None:
+        return None
+    reasons = note.get("reasons")
+    return {"frames": _whole(note.get("frames")), "rejected": _whole(note.get("rejected")),
+            "reasons": {str(r): _whole(n) for r, n in reasons.items()} if isinstance(reasons, dict) else {},
+            "first_rejection": str(note.get("first", "")), "refused": _whole(note.get("refused"))}
+
+
+def _whole(value: object) -> int:
+    return value if type(value) is int and value >= 0 else 0
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -77,6 +93,7 @@ def run_report(args: argparse.Namespace) -> int:
     summary["rejected"] = snap.rejected
     summary["truncated"] = truncated
     summary["notes"] = list(snap.notes)
+    summary["intake"] = intake_of(path)
     if getattr(args, "json", False):
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -123,6 +140,11 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
             w(f"  {x['change']:<22} {x['iteration_ms']:8.1f} ms/it  {throughput}\n")
     for note in s.get("notes", ()):
         w(f"note: {note}\n")
+    intake = s.get("intake")
+    if intake and (intake["rejected"] or intake["refused"]):
+        reasons = ", ".join(f"{r} ×{n}" for r, n in sorted(intake["reasons"].items(), key=lambda kv: -kv[1])[:3])
+        w(f"note: the recorder refused {intake['rejected']} frames" + (f" ({reasons})" if reasons else "")
+          + (f" and {intake['refused']} connections without the rank key" if intake["refused"] else "") + "\n")
     if s.get("dropped"):
         w(f"note: {s['dropped']} events or frames were lost on the way\n")
 

@@ -10,11 +10,24 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from dagtop.recording import RawFrame, RecordingReader
-from instrument.wire import DEFAULT_ENDPOINT
+from instrument.wire import DEFAULT_ENDPOINT, MAX_FRAME_BYTES
+
+if TYPE_CHECKING:
+    from dagtop.auth import MonitorAuth
+
+RCVHWM = 1000
+"""Messages libzmq queues per connected rank before it stops reading that rank's connection (TCP pushes back and
+the rank's XPUB counts what it cannot send): as many as the rank's own send queue, minutes of a rank's frames,
+and with MAXMSGSIZE a bound on what one connection can make the monitor hold."""
+REFUSED_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+"""Handshakes that --auth refused: a wrong key (AUTH), a rank without keys (PROTOCOL: it spoke no CURVE)."""
 
 ANY_LOCAL_PORT = "tcp://127.0.0.1:*"
 """Bind a port ZeroMQ picks on 127.0.0.1 (the demo's default): :attr:`ZmqSource.endpoint` then names it."""
@@ -29,6 +42,8 @@ class FrameSource(ABC):
 
     live: bool = False
     """True for a running job, False for a recording."""
+    refused: int = 0
+    """Connections refused by CURVE authentication so far (``--auth``): wrong keys or none."""
 
     @abstractmethod
     def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
@@ -46,22 +61,34 @@ class FrameSource(ABC):
 class ZmqSource(FrameSource):
     """Binds a SUB socket that every rank's PUB connects to: the one place dagtop binds (live, record, demo).
 
+    Messages over :data:`~instrument.wire.MAX_FRAME_BYTES` are refused by libzmq before they are read (it drops
+    that connection; the rank reconnects). With ``auth`` (:class:`~dagtop.auth.MonitorAuth`) the socket is a
+    CURVE server that lets in only ranks holding the rank key; :attr:`refused` counts the handshakes refused.
+
     Raises:
         BindError: the endpoint is in use, or not an address of this machine.
     """
 
     live = True
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
-        self._context = context or zmq.Context.instance()
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, context: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 auth: MonitorAuth | None = None) -> None:
+        self._own_context = auth is not None and context is None  # one ZAP handler per context: a context of its own
+        self._context = zmq.Context() if self._own_context else (context or zmq.Context.instance())
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 100_000)
+        self._socket.setsockopt(zmq.RCVHWM, RCVHWM)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._auth = auth
+        self._events: zmq.Socket[bytes] | None = None
+        if auth is not None:
+            auth.serve(self._socket)
+            self._events = self._socket.get_monitor_socket(REFUSED_EVENTS)
         try:
             self._socket.bind(endpoint)
         except zmq.ZMQError as exc:
-            self._socket.close(linger=0)
+            self.close()
             why = str(exc) if exc.errno is None else zmq.strerror(exc.errno)  # pyzmq's own text repeats the address
             hint = " (is another dagtop running? try --bind)" if exc.errno == zmq.EADDRINUSE else ""
             raise BindError(f"cannot bind {endpoint}: {why}{hint}") from exc
@@ -73,7 +100,10 @@ class ZmqSource(FrameSource):
         self._poller.register(self._socket, zmq.POLLIN)
 
     def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
-        if not self._poller.poll(int(timeout_s * 1000)):
+        ready = self._poller.poll(int(timeout_s * 1000))
+        if self._events is not None:
+            self._count_refused()
+        if not ready:
             return []
         frames: list[RawFrame] = []
         while len(frames) < max_frames:
@@ -88,8 +118,27 @@ class ZmqSource(FrameSource):
     def finished(self) -> bool:
         return False
 
+    def _count_refused(self) -> None:
+        assert self._events is not None
+        while True:
+            try:
+                event = recv_monitor_message(self._events, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] & REFUSED_EVENTS:
+                self.refused += 1
+
     def close(self) -> None:
+        if self._events is not None:
+            self._socket.disable_monitor()
+            self._events.close(linger=0)
+            self._events = None
         self._socket.close(linger=0)
+        if self._auth is not None:
+            self._auth.close()
+        if self._own_context:
+            self._context.term()
+            self._own_context = False
 
 
 class RecordingSource(FrameSource):

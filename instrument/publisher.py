@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 import zmq
+import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
 
 from instrument import wire
 from instrument.spans import fill_spans
@@ -26,6 +31,33 @@ HELLO_EVERY_S: Final = 2.0
 
 HELLO_EARLY_S: Final = (0.2, 0.7)
 """Extra hellos soon after start, when the first one most likely went nowhere (connection not up yet)."""
+
+AUTH_ENV: Final = "DAGTOP_AUTH"
+"""A directory made by ``dagtop keygen``: the rank reads ``rank.key_secret`` and ``monitor.key`` there (CURVE)."""
+
+_REFUSED: Final = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+"""Socket events that say the monitor refused this rank's handshake."""
+
+
+def curve_keys(directory: str) -> tuple[bytes, bytes, bytes]:
+    """(public, secret, server public) from a ``dagtop keygen`` directory.
+
+    Raises:
+        RuntimeError: no CURVE in this libzmq, or a key missing or unreadable; the message says which.
+    """
+    if not zmq.has("curve"):
+        raise RuntimeError(f"{AUTH_ENV}={directory}: this libzmq was built without CURVE")
+    where = Path(directory)
+    try:
+        public, secret = zmq.auth.load_certificate(where / "rank.key_secret")
+        server, _ = zmq.auth.load_certificate(where / "monitor.key")
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"{AUTH_ENV}={directory}: cannot read the rank's keys ({exc}); make them with "
+                           "`dagtop keygen DIR`") from None
+    if not secret:
+        raise RuntimeError(f"{AUTH_ENV}={directory}: rank.key_secret holds no secret key")
+    return public, secret, server
 
 
 class GpuResolver(Protocol):
@@ -70,6 +102,9 @@ class Publisher:
         """Frames the socket refused (zmq.Again: the monitor is not keeping up); written by this thread only."""
         self.seq = 0
         self.iterations = 0
+        self._auth = ""
+        self.refused = 0
+        """Handshakes the monitor refused (``--auth`` and a rank without the key, or with another)."""
         self._buckets: list[wire.Bucket] | None = None
         self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
         """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
@@ -115,6 +150,7 @@ class Publisher:
     def _run(self) -> None:
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sock = context.socket(zmq.XPUB)
+        events: zmq.Socket[bytes] | None = None
         try:
             if self._resolver is not None:
                 self._resolver.enter_thread()
@@ -123,16 +159,27 @@ class Publisher:
             sock.setsockopt(zmq.XPUB_NODROP, 1)
             sock.setsockopt(zmq.SNDHWM, SNDHWM)
             sock.setsockopt(zmq.LINGER, 0)
+            auth = self._auth = os.environ.get(AUTH_ENV, "")
+            if auth:
+                sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve_keys(auth)
+            # Handshake failures are the only way a rank learns that the monitor refuses it: one warning.
+            events = sock.get_monitor_socket(_REFUSED, addr=f"inproc://dagtop-publisher-events-{id(self)}")
             sock.connect(self.endpoint)
-            self._loop(sock)
+            self._loop(sock, events)
         except BaseException as exc:  # noqa: BLE001 - the thread must never die silently nor raise into training
             self._on_error(exc)
         finally:
+            if events is not None:
+                sock.disable_monitor()
+                events.close(linger=0)
             sock.close(linger=0)
             context.term()
 
     def _send(self, sock: zmq.Socket[bytes], payload: bytes) -> None:
         self.seq += 1
+        if len(payload) > wire.MAX_FRAME_BYTES:  # the monitor would drop the connection: drop the frame instead
+            self.dropped_send += 1
+            return
         try:
             sock.send(payload, zmq.NOBLOCK)
         except zmq.Again:
@@ -143,7 +190,28 @@ class Publisher:
         if self._buckets is not None:
             self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, tuple(self._buckets))))
 
-    def _loop(self, sock: zmq.Socket[bytes]) -> None:
+    def _refused(self, events: zmq.Socket[bytes]) -> None:
+        """Warn once if the monitor refused this rank's handshake; training is not affected either way."""
+        while True:
+            try:
+                event = recv_monitor_message(events, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if not int(event["event"]) & _REFUSED:
+                continue
+            if not self.refused:
+                if not self._auth:
+                    why = f"it takes only ranks with keys: set {AUTH_ENV}=DIR (`dagtop keygen DIR`)"
+                elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    why = f"it does not take the rank key in {AUTH_ENV}={self._auth}"
+                else:
+                    why = (f"the handshake failed: the monitor.key in {AUTH_ENV}={self._auth} is not that monitor's, "
+                           "or it takes no keys (dagtop --auth DIR)")
+                warnings.warn(f"dagtop: the monitor at {self.endpoint} refused rank {self.rank}: {why}; "
+                              "training goes on, unseen by that monitor", RuntimeWarning, stacklevel=1)
+            self.refused += 1
+
+    def _loop(self, sock: zmq.Socket[bytes], events: zmq.Socket[bytes] | None = None) -> None:
         started = time.monotonic()
         early = list(HELLO_EARLY_S)
         self._send_hello(sock)
@@ -163,6 +231,8 @@ class Publisher:
             if self._resolver is not None and now - last_calibration >= 1.0:
                 self._resolver.calibrate()
                 last_calibration = now
+            if events is not None:
+                self._refused(events)
             self._drain(sock, stopping)
             if self._telemetry:
                 sample = self._telemetry.popleft()

@@ -41,7 +41,15 @@ WIRE_VERSION: Final = 1
 DEFAULT_ENDPOINT: Final = "tcp://127.0.0.1:5555"
 """Where the monitor binds and a rank connects unless told otherwise (``--bind``, ``$DAGTOP_ENDPOINT``)."""
 
-MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
+"""The largest frame either side handles (~80 000 events at ~50 bytes each). It bounds the monitor's memory:
+msgpack turns one byte into up to ~64 bytes of Python objects (an empty list or map), so decoding one frame
+takes at most ~270 MB. The monitor's socket refuses larger messages before they are read (``MAXMSGSIZE``);
+a rank drops and counts a frame that would exceed it."""
+MAX_STRING_BYTES: Final = 64 * 1024
+"""Any one string in a frame, known key or not: every string the schema knows is far shorter."""
+MAX_MAP_KEYS: Final = 64
+"""Keys of any one map in a frame: a frame has about ten, a nested map fewer."""
 MAX_NAME_CHARS: Final = 256
 MAX_EVENTS_PER_FRAME: Final = 1_000_000
 MAX_NOTE_CHARS: Final = 256
@@ -276,6 +284,10 @@ def encode_iteration(
                   _DROPPED: dropped})
 
 
+_MAP_MARKERS: Final = frozenset(bytes([b]) for b in (*range(0x80, 0x90), 0xDE, 0xDF))
+"""First bytes of a msgpack map (fixmap, map16, map32): what every frame is."""
+
+
 def decode(payload: bytes) -> Frame:
     """Decode and validate one frame.
 
@@ -284,10 +296,15 @@ def decode(payload: bytes) -> Frame:
     """
     if len(payload) > MAX_FRAME_BYTES:
         raise WireError(f"frame of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
+    if payload[:1] not in _MAP_MARKERS:  # refused before msgpack builds whatever it is
+        raise WireError(f"not msgpack, or not a map: a frame must be a map (this one starts with 0x{payload[0]:02x})"
+                        if payload else "not msgpack: an empty message")
     try:
-        m = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+        m = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0,
+                            max_str_len=MAX_STRING_BYTES, max_map_len=MAX_MAP_KEYS,
+                            max_array_len=MAX_EVENTS_PER_FRAME)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
-        raise WireError(f"not msgpack: {exc}") from None
+        raise WireError(f"not msgpack: {str(exc) or type(exc).__name__}") from None  # StackError: nested too deep
     if not isinstance(m, dict):
         raise WireError(f"frame must be a map, got {type(m).__name__}")
     version = m.get("v")

@@ -22,6 +22,11 @@ from instrument import wire
 
 _REMEMBERED = 4096
 """Analysed iteration numbers remembered, to recognise frames that come after their iteration was analysed."""
+MAX_PENDING = 256
+"""Iterations waiting for their frames at most; past this, or past :data:`PENDING_BYTES`, the oldest is given up
+on at once (a sender whose iteration numbers jump about must not grow the monitor's memory)."""
+PENDING_BYTES = 256 * 1024 * 1024
+"""Bytes of frames (as received) held in waiting iterations, at most."""
 
 
 def missing(admission: Admission, iteration: int, have: Iterable[int]) -> set[int]:
@@ -45,6 +50,7 @@ class Completion:
         so replays behave like the live run), or once every missing rank has moved past it or said bye:
         analysed alone with ``complete=False``. If the missing frame turns up while the iteration is still
         retained it is re-analysed; a frame for an iteration already analysed complete is rejected;
+      * past MAX_PENDING waiting iterations or PENDING_BYTES of their frames, the oldest is given up on at once;
       * past ``window`` analyses the oldest leave; past ``task_budget`` tasks across the window the oldest
         analyses give up their ``tasks`` (memory).
 
@@ -66,6 +72,8 @@ class Completion:
         self._admission = admission
         self._clocks = clocks
         self._pending: dict[int, dict[int, Sequence[wire.Event]]] = {}
+        self._pending_bytes: dict[int, int] = {}
+        self._pending_total = 0
         self._first_received: dict[int, int] = {}
         self._analysed: OrderedDict[int, bool] = OrderedDict()
         self._partial: dict[int, dict[int, Sequence[wire.Event]]] = {}
@@ -84,6 +92,10 @@ class Completion:
             return
         self._pending.setdefault(it, {})[r] = frame.events
         self._first_received.setdefault(it, raw.received_ns)
+        self._pending_bytes[it] = self._pending_bytes.get(it, 0) + len(raw.payload)
+        self._pending_total += len(raw.payload)
+        while self._pending and (len(self._pending) > MAX_PENDING or self._pending_total > PENDING_BYTES):
+            self._analyse_pending(min(self._pending))
 
     def settle(self, now_ns: int) -> None:
         """Analyse every pending iteration that is complete, or given up on at monitor time ``now_ns``."""
@@ -105,6 +117,7 @@ class Completion:
     def _analyse_pending(self, it: int) -> None:
         events = self._pending.pop(it)
         self._first_received.pop(it, None)
+        self._pending_total -= self._pending_bytes.pop(it, 0)
         complete = not missing(self._admission, it, events)
         analysis = self._analyse(it, events, complete)
         if analysis is None:
@@ -112,6 +125,8 @@ class Completion:
         if not complete:
             self.incomplete += 1
             self._partial[it] = dict(events)
+            if len(self._partial) > MAX_PENDING:  # kept for late frames; the oldest are the least likely to get one
+                del self._partial[min(self._partial)]
         self._remember(it)
         self._insert(analysis)
 

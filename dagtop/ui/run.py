@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
 from dagtop.recording import RecordingError
 from dagtop.sources import BindError, FrameSource, RecordingSource, ZmqSource
@@ -35,11 +36,29 @@ def _run(source: FrameSource, **kwargs: Any) -> int:
 def run_live(args: argparse.Namespace) -> int:
     """``dagtop [--bind ENDPOINT] [--ranks N]``: bind, then show every rank that publishes there."""
     try:
-        source = ZmqSource(args.bind)
+        source = ZmqSource(args.bind, auth=monitor_auth(getattr(args, "auth", None)))
+    except AuthError as exc:
+        print(f"dagtop: --auth: {exc}", file=sys.stderr)
+        return exc.code
     except BindError as exc:
         print(f"dagtop: {exc}", file=sys.stderr)
         return Exit.CANNOT_BIND
-    return _run(source, expected_ranks=args.ranks)
+    if getattr(args, "metrics_port", None) is None:
+        return _run(source, expected_ranks=args.ranks)
+    from dagtop.interop.metrics import MetricsError, MetricsServer
+    from dagtop.model.pipeline import Pipeline
+
+    pipeline = Pipeline(expected_ranks=args.ranks)  # the screen's own: Prometheus sees what the screen shows
+    try:
+        server = MetricsServer(pipeline.snapshot, args.metrics_port)
+    except MetricsError as exc:
+        source.close()
+        print(f"dagtop: {exc}", file=sys.stderr)
+        return Exit.CANNOT_BIND
+    try:
+        return _run(source, expected_ranks=args.ranks, pipeline=pipeline)
+    finally:
+        server.close()
 
 
 def run_replay(args: argparse.Namespace) -> int:
