@@ -116,25 +116,36 @@ def test_the_spans_of_a_model_are_the_modules_around_its_layers_by_depth() -> No
     assert [[name for name, _ in level] for level in levels] == [["Model"], ["layers.0", "layers.1"]]
 
 
-@pytest.mark.parametrize("granularity", ["block", "layer"])
-def test_nothing_a_called_module_ran_is_left_to_other(granularity: str, collector: Any, endpoint: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("DAGTOP_TELEMETRY", "0")):
         monkeypatch.setenv(name, value)
-    torch.manual_seed(0)
-    model = Model()
+
+
+def _train_and_collect(model: nn.Module, inputs: Any, steps: int, granularity: str, collector: Any,
+                       endpoint: str) -> list[wire.IterationBatch]:
+    """Train ``steps`` steps (``inputs()`` gives a step's forward kwargs; the model returns its loss) timed."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint, granularity=granularity)
     collector.joined()
-    for _ in range(4):
-        loss = model(torch.randn(512, 32))
+    for _ in range(steps):
+        loss = model(**inputs())
+        loss = loss if isinstance(loss, torch.Tensor) else loss.loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     tracer.close()
     frames = (wire.decode(raw.payload) for raw in collector.until_bye())
     batches = [f for f in frames if isinstance(f, wire.IterationBatch)]
-    assert len(batches) == 4
+    assert len(batches) == steps
+    return batches
+
+
+@pytest.mark.parametrize("granularity", ["block", "layer"])
+def test_nothing_a_called_module_ran_is_left_to_other(granularity: str, collector: Any, endpoint: str,
+                                                      one_rank: None) -> None:
+    torch.manual_seed(0)
+    batches = _train_and_collect(Model(), lambda: {"x": torch.randn(512, 32)}, 4, granularity, collector, endpoint)
     for batch in batches:
         compute = sorted((e for e in batch.events if e.phase in ("forward", "backward")), key=lambda e: e.start_ns)
         assert all(a.end_ns <= b.start_ns for a, b in zip(compute, compute[1:])), "tasks overlap on the lane"
@@ -152,28 +163,19 @@ def test_nothing_a_called_module_ran_is_left_to_other(granularity: str, collecto
 
 
 def test_a_gpt2_timed_per_layer_leaves_nothing_of_its_attention_to_other(collector: Any, endpoint: str,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                      one_rank: None) -> None:
     """Hugging Face's GPT-2 per layer: the attention math between c_attn and c_proj and the loss inside the
     model's forward were untimed, 51 % of the critical path as "other" (issue #9); they are their modules' now."""
     transformers = pytest.importorskip("transformers")
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("DAGTOP_TELEMETRY", "0")):
-        monkeypatch.setenv(name, value)
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=2, n_head=4,
                                      bos_token_id=None, eos_token_id=None)
-    model = transformers.GPT2LMHeadModel(config)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    tracer = instrument.attach(model, optimizer, endpoint=endpoint, granularity="layer")
-    collector.joined()
-    for _ in range(3):
+
+    def tokens() -> dict[str, torch.Tensor]:
         ids = torch.randint(0, 512, (8, 64))
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    tracer.close()
-    frames = (wire.decode(raw.payload) for raw in collector.until_bye())
-    batches = [f for f in frames if isinstance(f, wire.IterationBatch)]
-    assert len(batches) == 3
+        return {"input_ids": ids, "labels": ids}
+
+    batches = _train_and_collect(transformers.GPT2LMHeadModel(config), tokens, 3, "layer", collector, endpoint)
     for batch in batches:
         compute = [e for e in batch.events if e.phase in ("forward", "backward")]
         span = max(e.end_ns for e in compute) - min(e.start_ns for e in compute)
