@@ -1,98 +1,173 @@
-"""What the shim costs a training rank: instrumented vs plain steps of the demo model, and µs per event.
+"""What the shim costs a training job: 2-rank gloo DDP with and without dagtop, and µs per event.
 
-    python benchmarks/bench_overhead.py                 # ~2 minutes on 2 cores
-    python benchmarks/bench_overhead.py --rounds 3 --steps 10   # a quick look
+    python benchmarks/bench_overhead.py                        # 15 rounds of both jobs, ~10 minutes on 2 cores
+    python benchmarks/bench_overhead.py --rounds 3 --steps 10  # a quick look
+    python benchmarks/bench_overhead.py --jobs mlp             # one job
 
-Runs are interleaved (plain, block, layer, sampled, plain, ...) and summarised by medians, because this
-kind of VM drifts by several percent from minute to minute (FIELD_NOTES). Nothing listens on the endpoint:
-the publisher still encodes and sends every frame, so its thread's share of the GIL is in the figures.
-The per-event figure is the steadier one: a chain of tiny layers where hooks are nearly all the work,
-timed as the minimum over repeats (noise only ever adds). The "estimated" column multiplies it by the
-events each mode produces per step. "paired" is the median over rounds of each round's mode/plain ratio (the
-two ran minutes apart at most, so slow drift cancels), with its interquartile range: when that range spans
-zero, the overhead is below what this machine can measure directly and the estimate is the figure to trust.
+Two jobs, each two ranks on this machine (gloo, one torch thread per rank), each rank one process that runs every
+mode in turn on the same model: a fresh ``DistributedDataParallel`` per run, modes rotated every round so no mode
+always runs first, and the slower rank's seconds per step kept. The jobs:
+
+* ``cnn``, compute-heavy: the demo's CNN (dagtop/demo/job.py) at its batch of 64, small gradients;
+* ``mlp``, communication-heavy: a 10 M-parameter MLP at batch 2 (40 MB of gradients, ~40 % of the step in the
+  all-reduce), the job of issue #10.
+
+Modes: ``plain`` is DDP with its built-in C++ all-reduce — the baseline; ``allreduce_hook`` is PyTorch's Python
+``default_hooks.allreduce_hook`` registered as a comm hook (what a comm-hook timer pays at least, for
+reference); ``block``, ``layer``, ``layer 1 in 10`` are dagtop's granularities. Nothing listens on the
+endpoint: the publisher still encodes and sends every frame, so its thread's share of the cores is in the
+figures. "paired" is the median over rounds of each round's mode/plain ratio (minutes apart at most, so drift
+cancels), with its interquartile range.
+
+Per event: a chain of 100 tiny layers where hooks are nearly all the work (minimum over repeats: noise only ever
+adds): torch's bare hook dispatch (no-op forward pre/post hooks and a no-op autograd-node prehook per layer, the
+hooks dagtop installs) next to dagtop's per-layer timing, each as training-thread µs per event.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
 
 import instrument
-from dagtop.demo.job import BATCH, IMAGE, make_model
-from dagtop.demo.launch import free_endpoint
+from dagtop.demo.launch import free_endpoint, free_port
 
 MODES: dict[str, dict[str, Any] | None] = {
     "plain": None,
+    "allreduce_hook": None,
     "block": {"granularity": "block"},
-    "block, layer 1 in 10": {"granularity": "block", "sample_every": 10},
+    "layer 1 in 10": {"granularity": "block", "sample_every": 10},
     "layer": {"granularity": "layer"},
 }
+WARMUP = 3
 
 
-def _step_time(model: nn.Module, options: dict[str, Any] | None, batches: list[Any], warmup: int) -> tuple[float, float]:
-    """(mean seconds per training step, events per step) over ``batches`` after ``warmup`` untimed steps."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
+def _mlp() -> nn.Module:
+    width = 2236  # two 2236×2236 layers: 10.0 M parameters
+    return nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+
+
+def _job(name: str, steps: int) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    torch.manual_seed(0)
+    if name == "cnn":
+        from dagtop.demo.job import BATCH, IMAGE, make_model
+
+        model = make_model(wide=False)
+        return model, [(torch.randn(BATCH, 3, IMAGE, IMAGE), torch.randint(10, (BATCH,))) for _ in range(steps)]
+    return _mlp(), [(torch.randn(2, 256), torch.randint(10, (2,))) for _ in range(steps)]
+
+
+def _run(model: nn.Module, mode: str, batches: list[Any]) -> float:
+    """Seconds per step after the warm-up, on this rank."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    if mode == "allreduce_hook":
+        ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
+    options = MODES[mode]
     tracer: Any = instrument.NullTracer() if options is None else instrument.attach(
-        model, optimizer, endpoint=free_endpoint(), **options)
-    counted = _count_events(tracer)
+        ddp, optimizer, endpoint=free_endpoint(), **options)
+    loss_fn = nn.CrossEntropyLoss()
     start = 0.0
     for i, batch in enumerate(tracer.loader(batches)):
-        if i == warmup:
+        if i == WARMUP:
             start = time.perf_counter()
         x, y = tracer.to_device(batch, "cpu")
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    elapsed = (time.perf_counter() - start) / (len(batches) - warmup)
+    seconds = (time.perf_counter() - start) / (len(batches) - WARMUP)
     tracer.close()
-    return elapsed, statistics.mean(counted) if counted else 0.0
+    return seconds
 
 
-def _count_events(tracer: Any) -> list[int]:
-    """Note the number of events of every iteration the tracer publishes."""
-    counted: list[int] = []
-    if isinstance(tracer, instrument.Tracer):
-        put = tracer._publisher.put_iteration
-        tracer._publisher.put_iteration = lambda it, ev: (counted.append(len(ev)), put(it, ev))  # type: ignore
-    return counted
-
-
-def interleaved(rounds: int, steps: int, make: Callable[[], nn.Module], batches: list[Any]
-                ) -> dict[str, tuple[list[float], float]]:
-    """Per mode: the step time of every round, and the events per step."""
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    events: dict[str, float] = {}
-    model = make()
+def _rank(rank: int, port: int, job: str, rounds: int, steps: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DAGTOP_TELEMETRY="0")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model, batches = _job(job, steps + WARMUP)
+    rows = []
     for r in range(rounds):
         order = list(MODES)
-        order = order[r % len(order):] + order[: r % len(order)]  # rotate: no mode always runs first
+        order = order[r % len(order):] + order[: r % len(order)]
         for mode in order:
-            seconds, events[mode] = _step_time(model, MODES[mode], batches[: steps + 3], warmup=3)
-            times[mode].append(seconds)
-        print(f"  round {r + 1}/{rounds}", file=sys.stderr, end="\r")
-    return {mode: (times[mode], events[mode]) for mode in MODES}
+            dist.barrier()
+            seconds = _run(model, mode, batches)
+            slower = torch.tensor([seconds])
+            dist.all_reduce(slower, op=dist.ReduceOp.MAX)
+            rows.append(f"{r}\t{mode}\t{slower.item()!r}")
+        if rank == 0:
+            print(f"  {job}: round {r + 1}/{rounds}", file=sys.stderr, end="\r")
+    if rank == 0:
+        Path(out).write_text("\n".join(rows))
+    dist.destroy_process_group()
 
 
-def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tuple[float, int]:
-    """Training-thread µs per event: a chain of tiny layers, per-layer timing on vs off (minimum of repeats)."""
+def interleaved(job: str, rounds: int, steps: int) -> dict[str, list[float]]:
+    """Per mode, the slower rank's seconds per step in every round."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "rows.tsv")
+        mp.start_processes(_rank, args=(free_port(), job, rounds, steps, out), nprocs=2, start_method="spawn")
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for line in Path(out).read_text().splitlines():
+            _, mode, seconds = line.split("\t")
+            times[mode].append(float(seconds))
+    return times
+
+
+def table(job: str, times: dict[str, list[float]], steps: int) -> None:
+    plain = times["plain"]
+    print(f"{job}: {len(plain)} interleaved rounds of {steps} steps, 2 ranks (gloo, 1 thread each), slower rank:")
+    print(f"  {'mode':<16} {'median ms':>10} {'min..max ms':>16} {'paired vs plain (IQR)':>28}")
+    for mode, values in times.items():
+        ratios = [(t / p - 1) * 100 for t, p in zip(values, plain)]
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        spread = f"{min(values) * 1e3:.1f}..{max(values) * 1e3:.1f}"
+        paired = f"{statistics.median(ratios):+.2f}% ({q1:+.2f}..{q3:+.2f})"
+        print(f"  {mode:<16} {statistics.median(values) * 1e3:10.2f} {spread:>16} {paired:>28}")
+
+
+def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tuple[float, float, int]:
+    """Training-thread µs per event: torch's bare hook dispatch, and dagtop's per-layer timing (both against no
+    hooks; minimum of repeats); and the events per step."""
     model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(layers)])
     batches = [(torch.randn(2, 4), torch.randn(2, 4))] * (steps + 10)
 
-    def run(options: dict[str, Any] | None) -> tuple[float, float]:
+    def noop_node(*_: Any) -> None:
+        return None
+
+    def noop_pre(module: nn.Module, args: Any) -> None:
+        return None
+
+    def noop_post(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        output.grad_fn.register_prehook(noop_node)
+
+    def run(mode: str) -> tuple[float, float]:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        tracer: Any = instrument.NullTracer() if options is None else instrument.attach(
-            model, optimizer, endpoint=free_endpoint(), **options)
-        counted = _count_events(tracer)
+        handles = []
+        if mode == "bare":
+            for layer in model:
+                handles += [layer.register_forward_pre_hook(noop_pre), layer.register_forward_hook(noop_post)]
+        tracer: Any = instrument.attach(model, optimizer, endpoint=free_endpoint(), granularity="layer") \
+            if mode == "dagtop" else instrument.NullTracer()
+        counted: list[int] = []
+        if mode == "dagtop":
+            put = tracer._publisher.put_iteration
+            tracer._publisher.put_iteration = lambda it, ev: (counted.append(len(ev)), put(it, ev))
         start = 0.0
         for i, (a, b) in enumerate(tracer.loader(batches)):
             if i == 10:
@@ -103,43 +178,36 @@ def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tup
             loss.backward()
             optimizer.step()
         tracer.close()
+        for handle in handles:
+            handle.remove()
         return (time.perf_counter() - start) / steps, statistics.mean(counted) if counted else 0.0
 
-    plain, timed, events = [], [], 0.0
+    plain, bare, timed, events = [], [], [], 0.0
     for _ in range(repeats):
-        plain.append(run(None)[0])
-        seconds, events = run({"granularity": "layer"})
+        plain.append(run("none")[0])
+        bare.append(run("bare")[0])
+        seconds, events = run("dagtop")
         timed.append(seconds)
-    return (min(timed) - min(plain)) / events * 1e6, int(events)
+    # The bare hooks fire once per forward and once per backward of each layer: 2 events' worth per layer.
+    per_bare = (min(bare) - min(plain)) / (2 * layers) * 1e6
+    per_dagtop = (min(timed) - min(plain)) / events * 1e6
+    return per_bare, per_dagtop, int(events)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as each demo rank)")
+    parser.add_argument("--jobs", nargs="+", default=["cnn", "mlp"], choices=["cnn", "mlp"])
+    parser.add_argument("--no-per-event", action="store_true")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    batches = [(torch.randn(BATCH, 3, IMAGE, IMAGE), torch.randint(10, (BATCH,))) for _ in range(args.steps + 3)]
-    cost, chain_events = per_event_cost()
-    results = interleaved(args.rounds, args.steps, lambda: make_model(wide=False), batches)
-    plain = statistics.median(results["plain"][0])
-    print(f"demo model (DemoNet, batch {BATCH}, {args.threads} thread), {args.rounds} interleaved rounds "
-          f"of {args.steps} steps:")
-    print(f"  {'mode':<22} {'events':>6} {'median ms':>10} {'min..max ms':>14} {'measured':>9} "
-          f"{'paired (IQR)':>24} {'estimated':>10}")
-    plain_times = results["plain"][0]
-    for mode, (times, events) in results.items():
-        median = statistics.median(times)
-        spread = f"{min(times) * 1e3:.1f}..{max(times) * 1e3:.1f}"
-        estimated = cost * 1e-6 * events / plain * 100
-        ratios = [(t / p - 1) * 100 for t, p in zip(times, plain_times)]
-        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-        paired = f"{statistics.median(ratios):+.2f}% ({q1:+.2f}..{q3:+.2f})"
-        print(f"  {mode:<22} {events:6.0f} {median * 1e3:10.2f} {spread:>14} {(median / plain - 1) * 100:+8.2f}% "
-              f"{paired:>24} {estimated:+9.2f}%")
-    print(f"training-thread cost per event (hook + enqueue; chain of {chain_events} events/step): {cost:.2f} µs")
+    if not args.no_per_event:
+        torch.set_num_threads(1)
+        bare, dagtop, events = per_event_cost()
+        print(f"per event, training thread (chain of 100 tiny layers, {events} events/step, 1 thread): "
+              f"torch's bare hook dispatch {bare:.2f} µs, dagtop {dagtop:.2f} µs (hooks included)")
+    for job in args.jobs:
+        table(job, interleaved(job, args.rounds, args.steps), args.steps)
     return 0
 
 

@@ -1,114 +1,307 @@
-"""All-reduce timing of every DDP gradient bucket, through a comm hook that wraps the default all-reduce."""
+"""All-reduce timing of every DDP gradient bucket, between DDP's reducer and its process group.
 
-# No `from __future__ import annotations` here: DDP inspects the hook's annotations and wants real types.
+Why not a comm hook: a DDP comm hook replaces the reducer's built-in all-reduce. The built-in one divides each
+gradient by the world size while copying it into its bucket (``at::mul_out``, one pass); with any hook the
+reducer only copies, and the hook must divide the bucket in a second pass on the training thread. On a
+communication-heavy job (2-rank gloo, 10 M-parameter MLP, 40 MB of gradients) PyTorch's own Python
+``allreduce_hook`` alone costs +4.9 % of the step; and a hook that divides (x / P) rounds differently from the
+built-in one (x · (1/P)) when P is not a power of two, so training would not be bit-identical.
 
+So the reducer keeps its own hook, and dagtop sits where that hook hands each bucket to the process group: the
+reducer's process group is swapped for :class:`_Tap`, a ``ProcessGroup`` subclass that forwards everything to
+the real one (its backends are registered on the tap) and, for the bucket all-reduces, notes when the bucket was
+handed over (ready) and gives the reducer a future completed after dagtop's callback on the real one (done).
+The reduction, its numerics and its thread are DDP's own; dagtop adds one Python call, one callback and one
+future per bucket. Relies on the private ``Reducer._update_process_group`` (torch 2.2 to 2.13; DDP's own
+``_update_process_group`` uses it); where it fails, attach warns and the buckets go untimed.
+
+The reducer hands buckets over in index order (it waits for bucket k before k+1, "buckets are reduced in
+sequence"), so the n-th bucket all-reduce of a backward is bucket n; the count restarts at every synced forward
+and at every iteration boundary. The used-parameter map (``find_unused_parameters``) is an integer all-reduce:
+forwarded, not timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import GradBucket  # torch.distributed.GradBucket, where its type stubs export it
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+import torch.distributed as dist
 
 from instrument import wire
 from instrument.timing import Stamp, Switch
 
 _compiling = torch.compiler.is_compiling
 
+_inside = threading.local()
+"""``inside.tap`` is True on a thread running the tap's all-reduce: the reducer holds its lock there."""
+
+
+class _Tap(dist.ProcessGroup):
+    """The process group DDP's reducer sees: the real one's backends, and :meth:`allreduce` noted on the way."""
+
+    def __init__(self, inner: dist.ProcessGroup, issued: Callable[[Sequence[torch.Tensor]], Any]) -> None:
+        super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg] # the stubs know one overload
+        self.inner = inner
+        self._issued = issued
+        """Called as a bucket is handed over; returns the callback for the work's future, or None."""
+        for device in inner._device_types:
+            backend = inner._get_backend(device)
+            self._register_backend(device, _backend_type(backend), backend)
+        default = _backend_type(inner._get_backend(inner._device_types[0])) if inner._device_types else None
+        if default is not None:
+            self._set_default_backend(default)
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override] # the C++ one
+        _inside.tap = True
+        try:
+            done = self._issued(tensors)
+            work = self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
+            return work if done is None else _TimedWork(work, work.get_future().then(done))
+        finally:
+            _inside.tap = False
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        # The reducer broadcasts rank 0's bucket layout when it rebuilds its buckets.
+        return self.inner.broadcast(tensors) if opts is None else self.inner.broadcast(tensors, opts)
+
+    def getBackendName(self) -> str:  # the C++ name the trampoline calls
+        return str(self.inner.name())
+
+    def name(self) -> str:
+        return str(self.inner.name())
+
+
+class _TimedWork(dist.Work):
+    """The real work, with the future the reducer waits on replaced by one completed after dagtop's callback.
+
+    The reducer waits for each bucket's future before the optimizer may run: handing it the ``then`` future
+    makes it wait until the done event is noted, as it waits for a comm hook's future. Waiting on the work's own
+    future instead, the callback would run on the collective's thread only when the training thread next lets go
+    of the GIL, stamping "done" late, in the next iteration at worst.
+    """
+
+    def __init__(self, work: Any, future: Any) -> None:
+        super().__init__()
+        self._work = work
+        self._future = future
+
+    def get_future(self) -> Any:
+        return self._future
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self._future.done())
+
+    def is_success(self) -> bool:
+        return bool(self._work.is_success())
+
+    def exception(self) -> Any:
+        return self._work.exception()
+
+    def source_rank(self) -> int:
+        return int(self._work.source_rank())
+
+    def result(self) -> Any:
+        return self._work.result()
+
+    def synchronize(self) -> None:
+        self._work.synchronize()
+
+
+def _keep_out_of_dynamo() -> None:
+    """Have Dynamo leave the tap's methods alone, once Dynamo is loaded.
+
+    The reducer calls them from C++, also while Dynamo compiles a frame (``torch.compile(DDP(m))`` rebuilds
+    the buckets in its traced forward): Dynamo would try to compile them, and fail on the process group. Not
+    done before Dynamo is loaded: importing it costs a job that never compiles a second or more. Called where
+    it is cheap and before any compiled forward can rebuild buckets: at attach and at each iteration's end.
+    """
+    global _out_of_dynamo
+    if _out_of_dynamo or "torch._dynamo" not in sys.modules:
+        return
+    _Tap.allreduce = torch.compiler.disable(_Tap.allreduce)  # type: ignore[method-assign]
+    _Tap.broadcast = torch.compiler.disable(_Tap.broadcast)  # type: ignore[method-assign]
+    _out_of_dynamo = True
+
+
+_out_of_dynamo = False
+
+
+def _backend_type(backend: Any) -> Any:
+    types = dist.ProcessGroup.BackendType
+    return {"gloo": types.GLOO, "nccl": types.NCCL, "mpi": types.MPI, "ucc": types.UCC,
+            "xccl": types.XCCL}.get(str(backend.name()).lower(), types.CUSTOM)
+
 
 class BucketTimer:
-    """Wraps DDP's default all-reduce to time each bucket from ready (hook called) to done (future complete).
+    """Times each DDP bucket from ready (handed to the process group) to done (its work's future complete).
 
     On gloo with CPU tensors the future completes when the all-reduce is over on this rank, so the CPU clock
     is right; the span includes waiting for the slowest rank, which is intended (the monitor starts the
-    collective at the latest ready across ranks). On CUDA, ``comm_stamp`` records events instead: ready in
-    the hook, on the compute stream (the bucket's gradients are computed there), done in the ``then``
+    collective at the latest ready across ranks). On CUDA, ``stamp`` records events instead: ready on the
+    stream current where the reducer hands the bucket over (the gradients' stream), done in the future's
     callback, which torch runs on a stream made to wait for the collective (an NCCL future completes at
     enqueue, so the host clock would say nothing).
 
     Why events rather than ``TORCH_NCCL_ENABLE_TIMING`` and ``work._get_duration()``: that needs the variable
-    set before the process group starts (it times every collective of the job), needs the Work object,
-    which the hook API does not hand back, and gives the kernel's duration only, not when the bucket was
-    ready nor where the collective sits on the GPU clock. Measured on an H100 (benchmarks/gpu_truth.py
-    --part 2), done is meant to be the later of the collective's end on the GPU and the moment the host ran
-    the callback; relative to the end of each iteration, it differs from the end of the collective's GPU
-    work by a median of 136 µs (max 367 µs) for NCCL at world size 1, which launches no kernel at all, and
-    by 148 µs (max 1.0 ms) for gloo on CUDA tensors, whose all-reduces took 2 to 21 ms.
+    set before the process group starts (it times every collective of the job) and gives the kernel's
+    duration only, not when the bucket was ready nor where the collective sits on the GPU clock. Measured on an
+    H100 with the comm-hook timer this replaced, whose stamps were taken at the same two points
+    (benchmarks/gpu_truth.py --part 2): done differs from the end of the collective's GPU work by a median of
+    136 µs for NCCL at world size 1 and 148 µs for gloo on CUDA tensors. Not yet re-measured for the tap.
     """
 
     def __init__(
         self,
-        ddp: "torch.nn.parallel.DistributedDataParallel",
+        ddp: torch.nn.parallel.DistributedDataParallel,
         sink: Callable[[tuple[Any, ...]], None],
         stamp: Stamp,
         switch: Switch,
         fail: Callable[[BaseException], None],
     ) -> None:
+        self._ddp = ddp
         self._sink = sink
         self._stamp = stamp
         self._switch = switch
         self._fail = fail
-        # Named as in the model: DDP(torch.compile(m)) holds m as `_orig_mod`.
-        self._names = {id(p): n.replace("_orig_mod.", "") for n, p in ddp.module.named_parameters()}
-        self._sizes: dict[int, int] = {}
-        """Bucket index -> bytes, as the current iteration's hooks saw them: what tells that DDP rebuilt them."""
-        self._sent: dict[int, int] = {}
+        self._next = 0
+        """Index of the next bucket the reducer hands over in this backward."""
+        self._sizes: dict[int, tuple[int, torch.dtype]] = {}
+        """Bucket index -> (bytes, dtype), as this iteration saw them: what tells that DDP rebuilt them."""
+        self._sent: dict[int, tuple[int, torch.dtype]] = {}
         """The sizes of the bucket map :meth:`iteration_done` last returned."""
-        self._capture = False
-        """While True (the iteration after the buckets were seen to change), the hook notes their parameters."""
-        self._captured: dict[int, wire.Bucket] = {}
-        # Raises if a comm hook is already registered or training has begun; attach() handles that.
-        ddp.register_comm_hook(ddp.process_group, self._hook)
+        self._candidate: dict[int, tuple[int, torch.dtype]] | None = None
+        """New sizes seen in one iteration, returned as the map if the next iteration sees them again."""
+        self._open: dict[int, int] = {}
+        """Bucket index -> ``perf_counter_ns`` when it was handed over, while its all-reduce is in flight."""
+        self._real = ddp.process_group
+        _keep_out_of_dynamo()
+        self._tap: _Tap | None = _Tap(self._real, self._issued)
+        ddp.reducer._update_process_group(self._tap)
 
-    def _hook(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-        if not self._switch.on:
-            return allreduce_hook(state, bucket)
+    def remove(self) -> None:
+        """Give the reducer its own process group back (not from inside a collective: the reducer's lock)."""
+        if self._tap is not None and not getattr(_inside, "tap", False):
+            self._ddp.reducer._update_process_group(self._real)
+            self._tap = None
+
+    def new_pass(self) -> None:
+        """A forward that will all-reduce in its backward: the reducer starts again at bucket 0."""
+        self._next = 0
+
+    def _issued(self, tensors: Sequence[torch.Tensor]) -> Callable[[Any], Any] | None:
+        """The reducer hands a bucket over: note it; the callback for its future, or None if untimed."""
+        if not self._switch.on or len(tensors) != 1:
+            return None
         try:
+            tensor = tensors[0]
+            if not tensor.is_floating_point() and not tensor.is_complex():
+                return None  # the used-parameter map of find_unused_parameters, not a bucket
             ready = self._stamp()
-            index = bucket.index()
-            buffer = bucket.buffer()
-            size = buffer.numel() * buffer.element_size()
-            self._sizes[index] = size
-            if self._capture:
-                names = tuple(self._names.get(id(p), "?") for p in bucket.parameters())
-                self._captured[index] = wire.Bucket(index, size, names)
+            index = self._next
+            self._next += 1
+            size = tensor.numel() * tensor.element_size()
+            self._sizes[index] = (size, tensor.dtype)
+            self._open[index] = time.perf_counter_ns()
         except Exception as exc:  # noqa: BLE001 - never reach the training loop
             self._fail(exc)
-            return allreduce_hook(state, bucket)
+            return None
         name = f"bucket {index}"
-        sink, stamp = self._sink, self._stamp
+        sink, stamp, open_, fail = self._sink, self._stamp, self._open, self._fail
 
-        def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        def done(future: Any) -> Any:
+            open_.pop(index, None)
             try:
                 sink(("allreduce", "allreduce", name, "comm", ready, stamp(), size))
             except Exception as exc:  # noqa: BLE001
-                self._fail(exc)
-            return fut.value()  # a failed collective raises here, as it would without dagtop
+                fail(exc)
+            return future.value()  # a failed collective raises here, as it would without dagtop
 
-        return allreduce_hook(state, bucket).then(done)
+        return done
 
-    def iteration_done(self) -> "list[wire.Bucket] | None":
+    def in_flight(self) -> tuple[str, int] | None:
+        """The oldest all-reduce handed over and not done: its task name and ``perf_counter_ns`` then; or None.
+
+        Read from another thread (the publisher's heartbeat): a look at a copy, good to the moment.
+        """
+        try:
+            index, issued = min(self._open.copy().items(), key=lambda item: item[1])  # copy(): atomic
+        except ValueError:
+            return None
+        return f"bucket {index}", issued
+
+    def iteration_done(self) -> list[wire.Bucket] | None:
         """Call once an iteration's buckets have all been handed over: the bucket map if it is new, else None.
 
-        DDP rebuilds its buckets after iteration 0, after iteration 1 with ``static_graph=True``, and may again
-        later. Each iteration the hook notes every bucket's size (one dict store); when they differ from the
-        map last returned, the parameters of every bucket are noted during the next iteration, and that map is
-        returned if the sizes did not change meanwhile. So the map follows the real buckets, one iteration
-        late, and costs a walk over each bucket's parameters only in the iteration after a change.
+        DDP rebuilds its buckets after iteration 0 (after iteration 1 with ``static_graph=True``), and may again
+        later. Each iteration the tap notes every bucket's size; when they differ from the map last returned and
+        then hold for one more iteration, the map is returned: sizes from the tap, parameter names from the order
+        DDP filled its buckets in (:func:`_bucket_names`).
         """
+        self._next = 0
+        _keep_out_of_dynamo()
         sizes, self._sizes = self._sizes, {}
-        if not sizes:  # no bucket this time (a job that never syncs, a failed hook): nothing learnt
+        if not sizes or sizes == self._sent:
             return None
-        captured, self._captured = self._captured, {}
-        if self._capture and {i: b.bytes for i, b in captured.items()} == sizes:
-            self._capture, self._sent = False, sizes
-            return [captured[i] for i in sorted(captured)]
-        self._capture = sizes != self._sent
+        if self._candidate != sizes:
+            self._candidate = sizes
+            return None
+        self._sent, self._candidate = sizes, None
+        names = _bucket_names(self._ddp, [sizes[i] for i in sorted(sizes)])
+        return [wire.Bucket(i, sizes[i][0], names[n]) for n, i in enumerate(sorted(sizes))]
+
+
+def _bucket_names(ddp: Any, buckets: list[tuple[int, torch.dtype]]) -> list[tuple[str, ...]]:
+    """The parameters of each bucket, in DDP's order: the order gradients became ready in the last iteration
+    (which the reducer rebuilt its buckets to), cut at each bucket's bytes; else DDP's initial order (reverse
+    registration). Names are best effort, for people: empty where neither order adds up to the sizes."""
+    params = [(n.replace("_orig_mod.", ""), p) for n, p in ddp.module.named_parameters()
+              if p.requires_grad and n not in getattr(ddp, "parameters_to_ignore", ())]
+    orders: list[list[int]] = []
+    with contextlib.suppress(Exception):  # private; the fallback below is fine
+        logged = str(ddp._get_ddp_logging_data().get("prev_iteration_grad_ready_order_indices", ""))
+        orders.append([int(i) for i in logged.split(",") if i.strip()])
+    orders.append(list(range(len(params) - 1, -1, -1)))
+    for order in orders:
+        cut = _cut(order, params, buckets)
+        if cut is not None:
+            return cut
+    return [() for _ in buckets]
+
+
+def _cut(order: list[int], params: list[tuple[str, torch.nn.Parameter]],
+         buckets: list[tuple[int, torch.dtype]]) -> list[tuple[str, ...]] | None:
+    if sorted(order) != list(range(len(params))):
         return None
+    names: list[tuple[str, ...]] = []
+    at = 0
+    for size, dtype in buckets:
+        taken: list[str] = []
+        total = 0
+        while total < size and at < len(order):
+            name, param = params[order[at]]
+            at += 1
+            if param.dtype != dtype:
+                return None
+            taken.append(name)
+            total += param.numel() * param.element_size()
+        if total != size:
+            return None
+        names.append(tuple(taken))
+    return names if at == len(order) else None
 
 
 def time_buffer_sync(
-    ddp: "torch.nn.parallel.DistributedDataParallel",
+    ddp: torch.nn.parallel.DistributedDataParallel,
     sink: Callable[[tuple[Any, ...]], None],
     switch: Switch,
     fail: Callable[[BaseException], None],

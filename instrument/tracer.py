@@ -263,8 +263,11 @@ class Tracer:
             from instrument.comm import BucketTimer, time_buffer_sync
 
             time_buffer_sync(ddp, self._events.append, switch, self._fail)
-            # Last: a comm hook cannot be unregistered, so nothing that can still fail comes after it.
-            self._comm = BucketTimer(ddp, self._events.append, self._comm_stamp(ddp), switch, self._fail)
+            try:
+                self._comm = BucketTimer(ddp, self._events.append, self._comm_stamp(ddp), switch, self._fail)
+            except Exception as exc:  # noqa: BLE001 - a torch without the reducer's process-group swap
+                warnings.warn(f"dagtop: DDP's gradient all-reduces are not timed on this torch ({exc}); "
+                              "their time counts as untimed", RuntimeWarning, stacklevel=4)
         elif self.world > 1:
             from instrument.fsdp import ShardTimer, untimed
 
@@ -333,6 +336,9 @@ class Tracer:
         self._on = False
         atexit.unregister(self.close)
         self._remove_hooks()
+        if self._comm is not None:
+            with contextlib.suppress(Exception):
+                self._comm.remove()
         if self._telemetry is not None:
             self._telemetry.close()
         if not self._forked:
@@ -487,6 +493,8 @@ class Tracer:
             self._load_mark = None
             ddp = self._ddp_of[id(module)]
             self._synced = None if ddp is None else bool(ddp.require_backward_grad_sync)
+            if self._synced and self._comm is not None:
+                self._comm.new_pass()
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
@@ -626,7 +634,7 @@ def _prefixes(modules: list[Any]) -> list[str]:
 def _unwrap(model: Any) -> tuple[Any, Any]:
     """(the DDP wrapper or None, the module whose units are timed) for a plain, DDP or compiled model.
 
-    ``torch.compile(DDP(m))`` keeps its DDP under ``_orig_mod``: the comm hook goes there, the timing
+    ``torch.compile(DDP(m))`` keeps its DDP under ``_orig_mod``: the bucket timer goes there, the timing
     hooks on the compiled wrapper, outside the region Dynamo traces.
     """
     import torch
