@@ -141,9 +141,9 @@ def table(job: str, times: dict[str, list[float]], steps: int) -> None:
         print(f"  {mode:<16} {statistics.median(values) * 1e3:10.2f} {spread:>16} {paired:>28}")
 
 
-def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tuple[float, float, int]:
+def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tuple[float, float, int, float]:
     """Training-thread µs per event: torch's bare hook dispatch, and dagtop's per-layer timing (both against no
-    hooks; minimum of repeats); and the events per step."""
+    hooks; minimum of repeats); the events per step; the publisher thread's µs to encode one such step."""
     model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(layers)])
     batches = [(torch.randn(2, 4), torch.randn(2, 4))] * (steps + 10)
 
@@ -167,7 +167,13 @@ def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tup
         counted: list[int] = []
         if mode == "dagtop":
             put = tracer._publisher.put_iteration
-            tracer._publisher.put_iteration = lambda it, ev: (counted.append(len(ev)), put(it, ev))
+
+            def counting(iteration: int, events: list[tuple[Any, ...]]) -> None:
+                counted.append(len(events))
+                published[:] = events
+                put(iteration, events)
+
+            tracer._publisher.put_iteration = counting
         start = 0.0
         for i, (a, b) in enumerate(tracer.loader(batches)):
             if i == 10:
@@ -182,6 +188,7 @@ def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tup
             handle.remove()
         return (time.perf_counter() - start) / steps, statistics.mean(counted) if counted else 0.0
 
+    published: list[tuple[Any, ...]] = []
     plain, bare, timed, events = [], [], [], 0.0
     for _ in range(repeats):
         plain.append(run("none")[0])
@@ -191,7 +198,20 @@ def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tup
     # The bare hooks fire once per forward and once per backward of each layer: 2 events' worth per layer.
     per_bare = (min(bare) - min(plain)) / (2 * layers) * 1e6
     per_dagtop = (min(timed) - min(plain)) / events * 1e6
-    return per_bare, per_dagtop, int(events)
+    return per_bare, per_dagtop, int(events), _encoding_cost(published)
+
+
+def _encoding_cost(events: list[tuple[Any, ...]], repeats: int = 200) -> float:
+    """The publisher thread's µs per iteration for ``events`` (spans filled, frame encoded): minimum of repeats."""
+    from instrument import wire
+    from instrument.spans import fill_spans
+
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        wire.encode_iteration(1, 0, 1, fill_spans(events), 0)
+        best = min(best, time.perf_counter_ns() - start)
+    return best / 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.no_per_event:
         torch.set_num_threads(1)
-        bare, dagtop, events = per_event_cost()
+        bare, dagtop, events, encode = per_event_cost()
         print(f"per event, training thread (chain of 100 tiny layers, {events} events/step, 1 thread): "
               f"torch's bare hook dispatch {bare:.2f} µs, dagtop {dagtop:.2f} µs (hooks included)")
+        print(f"publisher thread, per iteration of {events} events (spans filled, frame encoded): {encode:.0f} µs")
     for job in args.jobs:
         table(job, interleaved(job, args.rounds, args.steps), args.steps)
     return 0

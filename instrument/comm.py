@@ -27,6 +27,7 @@ import contextlib
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -181,6 +182,8 @@ class BucketTimer:
         """The sizes of the bucket map :meth:`iteration_done` last returned."""
         self._candidate: dict[int, tuple[int, torch.dtype]] | None = None
         """New sizes seen in one iteration, returned as the map if the next iteration sees them again."""
+        self._hook_said = False
+        """Whether the user's own comm hook (whose collectives bypass the tap) was warned about."""
         self._open: dict[int, int] = {}
         """Bucket index -> ``perf_counter_ns`` when it was handed over, while its all-reduce is in flight."""
         self._real = ddp.process_group
@@ -250,6 +253,11 @@ class BucketTimer:
         self._next = 0
         _keep_out_of_dynamo()
         sizes, self._sizes = self._sizes, {}
+        if not sizes and not self._hook_said and getattr(self._ddp, "_comm_hooks", None):
+            self._hook_said = True
+            warnings.warn("dagtop: this DDP model has a comm hook of its own: its collectives do not go through "
+                          "DDP's built-in all-reduce and are not timed (their time counts as untimed)",
+                          RuntimeWarning, stacklevel=2)
         if not sizes or sizes == self._sent:
             return None
         if self._candidate != sizes:

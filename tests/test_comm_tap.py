@@ -1,0 +1,107 @@
+"""The bucket timer between DDP's reducer and its process group (instrument/comm.py), in one process."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from instrument.comm import BucketTimer
+from instrument.timing import Switch
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+
+
+def _train(ddp: DDP, timer: BucketTimer, steps: int) -> list[Any]:
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    maps = []
+    for _ in range(steps):
+        timer.new_pass()
+        ddp(torch.randn(8, 64)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        maps.append(timer.iteration_done())
+    return maps
+
+
+def _timer(ddp: DDP, events: list[tuple[Any, ...]]) -> BucketTimer:
+    return BucketTimer(ddp, events.append, __import__("time").perf_counter_ns, Switch(), pytest.fail)
+
+
+def test_every_bucket_is_timed_named_and_given_back(one_rank: None) -> None:
+    ddp = DDP(_model(), bucket_cap_mb=0.2)  # several buckets
+    events: list[tuple[Any, ...]] = []
+    timer = _timer(ddp, events)
+    maps = _train(ddp, timer, 4)
+    buckets = ddp.reducer._get_zeros_like_grad_buckets()  # DDP's own view of its (rebuilt) buckets
+    assert len(buckets) >= 2
+    names = dict(ddp.module.named_parameters())
+    truth = [(b.index(), b.buffer().numel() * 4, {n for n, p in names.items() if any(p is q for q in b.parameters())})
+             for b in buckets]
+    sent = next(m for m in maps if m is not None)  # once the sizes held for an iteration
+    assert [(b.index, b.bytes, set(b.parameters)) for b in sent] == truth
+    last = [e for e in events if e[4] >= 0][-len(buckets):]
+    assert sorted(e[2] for e in last) == [f"bucket {i}" for i in range(len(buckets))]
+    assert all(e[0] == "allreduce" and e[3] == "comm" and e[5] >= e[4] for e in last)
+    assert timer.in_flight() is None  # every all-reduce is done once backward returned
+
+    timer.remove()
+    count = len(events)
+    _train(ddp, timer, 1)
+    assert len(events) == count  # the reducer has its own process group back
+
+
+def test_training_is_unchanged_by_the_tap(one_rank: None) -> None:
+    plain, timed = DDP(_model()), DDP(_model())
+    _timer(timed, [])
+    for ddp in (plain, timed):
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        torch.manual_seed(1)
+        for _ in range(3):
+            ddp(torch.randn(8, 64)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), timed.parameters()))
+
+
+def test_unused_parameters_map_is_not_a_bucket(one_rank: None) -> None:
+    ddp = DDP(_model(), find_unused_parameters=True)
+    events: list[tuple[Any, ...]] = []
+    _train(ddp, _timer(ddp, events), 3)
+    assert {e[2] for e in events} == {"bucket 0"}  # the used-parameter map (int) went through, untimed
+
+
+def test_a_comm_hook_of_the_users_own_is_said_once(one_rank: None) -> None:
+    ddp = DDP(_model())
+    events: list[tuple[Any, ...]] = []
+    timer = _timer(ddp, events)
+
+    def noop(state, bucket):  # type: ignore[no-untyped-def] # DDP reads the annotations: none, or real types
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    ddp.register_comm_hook(None, noop)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train(ddp, timer, 3)
+    said = [w for w in caught if "comm hook of its own" in str(w.message)]
+    assert len(said) == 1 and not events
