@@ -146,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("file", help="a recording (`dagtop record`, `dagtop import`)")
     exp.add_argument("-o", "--output", type=_output_file, required=True, help="trace to write, e.g. run.trace.json")
 
+    rly = sub.add_parser("relay", help="one per node: forward the node's ranks to the monitor (one connection)")
+    rly.add_argument("--bind", type=_endpoint, default="tcp://0.0.0.0:5556",
+                     help="endpoint the node's ranks publish to (DAGTOP_ENDPOINT; default %(default)s)")
+    rly.add_argument("--to", type=_endpoint, required=True, help="the monitor's endpoint (its --bind)")
+    rly.add_argument("--auth", default=None, metavar="DIR",
+                     help="keys of `dagtop keygen DIR`: take only ranks holding the rank key, and present it "
+                          "to the monitor")
+    rly.add_argument("--every", type=float, default=60.0, metavar="S",
+                     help="print what was forwarded and dropped every S seconds (0: at exit only)")
+
     demo = sub.add_parser("demo", help="run a real CPU DDP job (gloo) and watch it")
     demo.add_argument("--ranks", type=_count, default=2, help="ranks to spawn (default %(default)s)")
     demo.add_argument("--bottleneck", choices=BOTTLENECKS, default="none", help="make one category slow, for real")
@@ -194,6 +204,10 @@ def _run(args: argparse.Namespace) -> int:
         from dagtop.interop.chrome import run_export
 
         return run_export(args)
+    if args.command == "relay":
+        from dagtop.relay import run_relay
+
+        return run_relay(args)
     if args.command == "replay":
         from dagtop.ui.run import run_replay
 
