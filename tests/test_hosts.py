@@ -1,0 +1,156 @@
+"""Two hosts on one machine: separate network stacks (``ip netns`` + a veth pair), separate hostnames (UTS
+namespaces), and on the second host a CLOCK_MONOTONIC seconds away from the first (a time namespace,
+``unshare --time --monotonic``). Each host runs a relay and one rank of a real gloo job whose rank 1 is a compute
+straggler; the monitor records on host A. dagtop must find host B's clock where it is (from the instants the
+collectives end, dagtop/model/clocks.py: the timeline draws every rank on host A's clock with it), and the
+straggler and the critical path must come out as when the two clocks agree.
+
+Needs root (namespaces, links) and util-linux's ``unshare`` with ``--time``; skipped otherwise, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import WAIT_S
+
+from dagtop.demo.launch import free_port
+from dagtop.report import load
+
+OFFSET_S = 7
+"""How far host B's monotonic clock is ahead of host A's."""
+ITERATIONS = 14
+
+
+def _namespaces_permitted() -> str | None:
+    """Why the test cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root for network, UTS and time namespaces"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"no `{tool}` on this machine"
+    probe = subprocess.run(["unshare", "--time", "--fork", "--monotonic", "1", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return f"time namespaces not permitted: {probe.stderr.decode(errors='replace').strip()}"
+    name = f"dtprobe{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True)
+    if made.returncode != 0:
+        return f"network namespaces not permitted: {made.stderr.decode(errors='replace').strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+pytestmark = pytest.mark.skipif(bool(_namespaces_permitted()), reason=str(_namespaces_permitted()))
+
+
+@dataclass
+class Host:
+    netns: str
+    link: str
+    address: str
+    hostname: str
+
+    def command(self, argv: list[str], clock_offset_s: int = 0) -> list[str]:
+        """``argv`` run on this host: its network namespace, its own hostname, its monotonic clock offset."""
+        inner = f'hostname {self.hostname} && exec "$@"'
+        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--time", "--fork",
+                "--monotonic", str(clock_offset_s), "sh", "-c", inner, "sh", *argv]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def hosts() -> Iterator[tuple[Host, Host]]:
+    tag = uuid.uuid4().hex[:6]
+    net = 10 + int(tag[:2], 16) % 200
+    a = Host(f"dtA{tag}", f"va{tag}", f"10.{net}.7.1", "host-a")
+    b = Host(f"dtB{tag}", f"vb{tag}", f"10.{net}.7.2", "host-b")
+    made: list[str] = []
+    try:
+        for host in (a, b):
+            _ip("netns", "add", host.netns)
+            made.append(host.netns)
+        _ip("link", "add", a.link, "type", "veth", "peer", "name", b.link)
+        for host in (a, b):
+            _ip("link", "set", host.link, "netns", host.netns)
+            _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.link)
+            _ip("-n", host.netns, "link", "set", host.link, "up")
+            _ip("-n", host.netns, "link", "set", "lo", "up")
+        yield a, b
+    finally:
+        for name in made:  # deleting a namespace deletes its end of the veth pair, and so the pair
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _run_job(a: Host, b: Host, offset_s: int, out: Path) -> tuple[dict, int]:  # type: ignore[type-arg]
+    """Record the straggler job across the two hosts (B's clock ``offset_s`` ahead): its report as a dict, and
+    the offset (ns) dagtop puts on rank 1's clock to bring it onto rank 0's."""
+    monitor = f"tcp://{a.address}:{free_port()}"
+    relay_port = free_port()
+    master_port = str(free_port())
+    recording = out / f"offset{offset_s}.dagtop"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DAGTOP_TELEMETRY": "0", "PYTHONUNBUFFERED": "1"}
+    procs: list[subprocess.Popen[bytes]] = []
+    log = open(out / f"offset{offset_s}.log", "ab")  # noqa: SIM115 - closed in finally, after every process
+
+    def start(argv: list[str], host: Host, extra: dict[str, str] | None = None, clock: int = 0) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(host.command(argv, clock), env={**env, **(extra or {})}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    dagtop = [sys.executable, "-m", "dagtop.cli"]
+    try:
+        recorder = start([*dagtop, "record", "--bind", monitor, "-o", str(recording), "--ranks", "2",
+                          "--iterations", str(ITERATIONS - 2), "--timeout", "240"], a)
+        for host, clock in ((a, 0), (b, offset_s)):
+            start([*dagtop, "relay", "--bind", f"tcp://127.0.0.1:{relay_port}", "--to", monitor, "--every", "0"],
+                  host, clock=clock)
+        for rank, (host, clock) in enumerate(((a, 0), (b, offset_s))):
+            start([sys.executable, "-m", "dagtop.demo.job", "--bottleneck", "compute", "--straggler", "1",
+                   "--iterations", str(ITERATIONS)], host, clock=clock,
+                  extra={"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": a.address,
+                         "MASTER_PORT": master_port, "GLOO_SOCKET_IFNAME": host.link,
+                         "DAGTOP_ENDPOINT": f"tcp://127.0.0.1:{relay_port}"})
+        assert recorder.wait(WAIT_S * 4) == 0, (out / f"offset{offset_s}.log").read_text(errors="replace")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    report = subprocess.run([*dagtop, "report", str(recording), "--json"], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    ranks = {info.rank: info for info in load(str(recording))[0].snapshot().ranks}
+    assert (ranks[0].host, ranks[1].host) == (a.hostname, b.hostname)
+    return json.loads(report.stdout), ranks[1].clock_offset_ns
+
+
+def test_a_host_whose_clock_is_seconds_off_gives_the_same_verdict(hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    a, b = hosts
+    agreed, agreed_offset = _run_job(a, b, 0, tmp_path)
+    apart, apart_offset = _run_job(a, b, OFFSET_S, tmp_path)
+    # The monitor found the clocks where they are (a collective ends at nearly one instant on every rank) ...
+    assert abs(agreed_offset) < 50e6 and abs(apart_offset + OFFSET_S * 1e9) < 50e6, (agreed_offset, apart_offset)
+    # ... and so the verdicts agree.
+    for report in (agreed, apart):
+        assert report["ranks"] == 2 and report["communication_seen"]
+        assert report["straggler"] is not None and report["straggler"]["rank"] == 1, report["straggler"]
+        assert report["bottleneck"] == "compute", report["critical_path"]
+    # The same job, the same path: each category's share within 15 points (runs on a loaded machine differ).
+    for category in ("compute", "allreduce", "io", "other"):
+        assert abs(agreed["critical_path"].get(category, 0) - apart["critical_path"].get(category, 0)) < 0.15, (
+            agreed["critical_path"], apart["critical_path"])
+    assert apart["iteration_ms"]["median"] < 1000 * OFFSET_S / 2  # nothing of the offset is left in an iteration
