@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -18,14 +19,27 @@ from test_ui_helpers import fixture
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
 
-SOCKET = f"dagtop-test-{uuid.uuid4().hex[:8]}"
-"""A private tmux server: other tmux users on the machine, and their options, stay out of the test."""
 SCREEN_WAIT_S = 90.0
 """How long a test waits for text to show: a live demo on a loaded 2-core runner takes a while to start."""
 
 
+_socket = ""
+
+
+@pytest.fixture(autouse=True)
+def _private_tmux_server() -> Iterator[None]:
+    """A tmux server of the test's own: other tmux users on the machine, their options, and a server that an
+    earlier test killed and that is still on its way out (``server exited unexpectedly``) stay out of it."""
+    global _socket
+    _socket = f"dagtop-test-{uuid.uuid4().hex[:8]}"
+    try:
+        yield
+    finally:
+        tmux("kill-server", check=False)
+
+
 def tmux(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["tmux", "-L", SOCKET, "-f", "/dev/null", *args], capture_output=True, text=True,
+    return subprocess.run(["tmux", "-L", _socket, "-f", "/dev/null", *args], capture_output=True, text=True,
                           check=check)
 
 
@@ -49,19 +63,16 @@ def test_replay_in_tmux_shows_verdict_ranks_and_categories_and_q_quits() -> None
     # COLUMNS/LINES (set by pytest and some shells) would override the pane size.
     command = "env -u COLUMNS -u LINES " + shlex.join([sys.executable, "-m", "dagtop.cli", "replay", str(fixture("straggler1-io")), "--speed", "0"])
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "36", f"{command}; echo DAGTOP-EXIT=$?; sleep 30")
-    try:
-        screen = _wait_for(session, "iteration 29", SCREEN_WAIT_S)  # the recording's last
-        assert "io on the critical path" in screen
-        assert "straggler rank 1 (io +" in screen
-        for row in ("r0 main", "r0 comm", "r1 main", "r1 comm", "critical"):
-            assert row in screen
-        for category in ("io", "compute", "all-reduce", "pcie", "other"):
-            assert f"■ {category}" in screen  # the legend with each share
-        assert "ranks 2/2" in screen and "iteration 29" in screen
-        tmux("send-keys", "-t", session, "q")
-        assert "DAGTOP-EXIT=0" in _wait_for(session, "DAGTOP-EXIT=", SCREEN_WAIT_S)
-    finally:
-        tmux("kill-server", check=False)
+    screen = _wait_for(session, "iteration 29", SCREEN_WAIT_S)  # the recording's last
+    assert "io on the critical path" in screen
+    assert "straggler rank 1 (io +" in screen
+    for row in ("r0 main", "r0 comm", "r1 main", "r1 comm", "critical"):
+        assert row in screen
+    for category in ("io", "compute", "all-reduce", "pcie", "other"):
+        assert f"■ {category}" in screen  # the legend with each share
+    assert "ranks 2/2" in screen and "iteration 29" in screen
+    tmux("send-keys", "-t", session, "q")
+    assert "DAGTOP-EXIT=0" in _wait_for(session, "DAGTOP-EXIT=", SCREEN_WAIT_S)
 
 
 def _share(screen: str, category: str) -> int:
@@ -101,17 +112,14 @@ def test_live_demo_in_tmux_shows_its_bottleneck_and_q_stops_the_job(flags: list[
     command = f"env -u COLUMNS -u LINES DAGTOP_TEST_DEMO={marker} " + shlex.join(
         [sys.executable, "-m", "dagtop.cli", "demo", *flags])
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "36", f"{command}; echo DAGTOP-EXIT=$?; sleep 30")
-    try:
-        deadline = time.monotonic() + SCREEN_WAIT_S
+    deadline = time.monotonic() + SCREEN_WAIT_S
+    screen = _capture(session)
+    # The legend is the latest iteration's: wait for one where the slowed category shows its share.
+    while not (all(e in screen for e in expected) and _share(screen, category) >= MIN_SHARE):
+        assert time.monotonic() < deadline, f"no {category} share of {MIN_SHARE} % or more; the screen:\n{screen}"
+        time.sleep(0.2)
         screen = _capture(session)
-        # The legend is the latest iteration's: wait for one where the slowed category shows its share.
-        while not (all(e in screen for e in expected) and _share(screen, category) >= MIN_SHARE):
-            assert time.monotonic() < deadline, f"no {category} share of {MIN_SHARE} % or more; the screen:\n{screen}"
-            time.sleep(0.2)
-            screen = _capture(session)
-        assert len(_ranks_of(marker)) == 2
-        tmux("send-keys", "-t", session, "q")
-        assert "DAGTOP-EXIT=0" in _wait_for(session, "DAGTOP-EXIT=", SCREEN_WAIT_S)
-        assert not _ranks_of(marker)  # q stopped the job: the monitor waits for its ranks before it exits
-    finally:
-        tmux("kill-server", check=False)
+    assert len(_ranks_of(marker)) == 2
+    tmux("send-keys", "-t", session, "q")
+    assert "DAGTOP-EXIT=0" in _wait_for(session, "DAGTOP-EXIT=", SCREEN_WAIT_S)
+    assert not _ranks_of(marker)  # q stopped the job: the monitor waits for its ranks before it exits
