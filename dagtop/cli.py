@@ -14,6 +14,12 @@ from dagtop.exits import Exit, table
 from dagtop.sources import DEFAULT_ENDPOINT
 
 BOTTLENECKS = ("none", "io", "compute", "allreduce", "pcie")
+NICE_ENV = "DAGTOP_NICE"
+"""Niceness the monitor takes when ``--nice`` is not given."""
+DEFAULT_NICE = 10
+"""The monitor runs beside training: it lowers its own CPU priority by this much unless told otherwise."""
+NICED_COMMANDS = (None, "record", "replay")
+"""Commands that lower their priority: not ``demo``, whose ranks (its children) would inherit it."""
 
 
 def _iteration_range(text: str) -> tuple[int | None, int | None]:
@@ -46,6 +52,17 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _niceness(text: str) -> int:
+    """How much to lower the monitor's priority: 0 (not at all) to 19 (the least CPU when others want it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 19, not {value}")
     return value
 
 
@@ -112,19 +129,27 @@ def build_parser() -> argparse.ArgumentParser:
                         help="take only ranks holding the rank key of `dagtop keygen DIR` (CURVE; ranks: DAGTOP_AUTH=DIR)")
     parser.add_argument("--metrics-port", type=_metrics_address, default=None, metavar="[HOST:]PORT",
                         help="serve Prometheus metrics there (docs/metrics.md)")
+    parser.add_argument("--nice", type=_niceness, default=None, metavar="N",
+                        help=f"lower the monitor's CPU priority by N, 0 to 19 (default ${NICE_ENV}, else "
+                             f"{DEFAULT_NICE}; 0: leave it), so it yields to training on a shared host")
     sub = parser.add_subparsers(dest="command")
 
     rec = sub.add_parser("record", help="collect headless into a recording")
-    rec.add_argument("--bind", type=_endpoint, default=DEFAULT_ENDPOINT, help="endpoint to bind (default %(default)s)")
+    # The options `dagtop` itself takes are taken after `record` too. Their defaults are the top-level parser's
+    # (SUPPRESS): a subparser's own default would overwrite `dagtop --auth DIR record`'s DIR with None.
+    shared = {"default": argparse.SUPPRESS}
+    rec.add_argument("--bind", type=_endpoint, **shared, help=f"endpoint to bind (default {DEFAULT_ENDPOINT})")
     rec.add_argument("-o", "--output", type=_output_file, required=True, help="recording to write")
     rec.add_argument("--iterations", type=_count, default=None,
                      help="stop once N iterations are complete on every rank")
     rec.add_argument("--timeout", type=float, default=None, help="give up after S seconds with nothing received")
-    rec.add_argument("--ranks", type=_count, default=None, help="ranks to expect (default: from the ranks' hello)")
-    rec.add_argument("--auth", default=None, metavar="DIR",
+    rec.add_argument("--ranks", type=_count, **shared, help="ranks to expect (default: from the ranks' hello)")
+    rec.add_argument("--auth", **shared, metavar="DIR",
                      help="take only ranks holding the rank key of `dagtop keygen DIR` (CURVE; ranks: DAGTOP_AUTH=DIR)")
-    rec.add_argument("--metrics-port", type=_metrics_address, default=None, metavar="[HOST:]PORT",
+    rec.add_argument("--metrics-port", type=_metrics_address, **shared, metavar="[HOST:]PORT",
                      help="serve Prometheus metrics there while recording (docs/metrics.md)")
+    rec.add_argument("--nice", type=_niceness, **shared, metavar="N",
+                     help=f"lower the recorder's CPU priority by N, 0 to 19 (default ${NICE_ENV}, else {DEFAULT_NICE})")
 
     rep = sub.add_parser("report", help="summarise a recording: bottleneck, straggler, critical path, what-if")
     rep.add_argument("file", help="a recording made by `dagtop record` or `dagtop demo --record`")
@@ -179,7 +204,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Exit.BROKEN_PIPE
 
 
+def lower_priority(requested: int | None) -> str | None:
+    """Lower this process's CPU priority by ``requested``, else by ``$DAGTOP_NICE``, else by :data:`DEFAULT_NICE`.
+
+    Returns:
+        None, or the one line to tell the user when ``$DAGTOP_NICE`` is not a niceness.
+    """
+    value = requested
+    if value is None:
+        text = os.environ.get(NICE_ENV, "").strip()
+        try:
+            value = _niceness(text) if text else DEFAULT_NICE
+        except argparse.ArgumentTypeError as exc:
+            return f"{NICE_ENV}={text}: {exc}"
+    if value:
+        try:
+            os.nice(value)
+        except OSError:  # a priority cannot be lowered here: the monitor runs as it is
+            pass
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.command in NICED_COMMANDS:
+        problem = lower_priority(getattr(args, "nice", None))
+        if problem:
+            print(f"dagtop: {problem}", file=sys.stderr)
+            return Exit.USAGE
     if args.command == "keygen":
         from dagtop.auth import run_keygen
 

@@ -128,3 +128,12 @@ def test_record_with_auth_takes_the_keyed_rank_and_refuses_the_others(tmp_path: 
     assert "it takes only ranks with keys: set DAGTOP_AUTH=DIR" in logs["unkeyed"].read_text()
     assert f"it does not take the rank key in DAGTOP_AUTH={wrong}" in logs["wrong"].read_text()
     assert "refused" not in logs["keyed"].read_text()
+
+
+@pytest.mark.parametrize("before_record", [True, False])
+def test_auth_given_before_or_after_record_is_kept(tmp_path: Path, endpoint: str, before_record: bool,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # `dagtop --auth DIR record` once recorded without auth: the subcommand's default overwrote DIR.
+    auth, rest = ["--auth", str(tmp_path)], ["--bind", endpoint, "-o", str(tmp_path / "r.dagtop")]
+    status = main([*auth, "record", *rest] if before_record else ["record", *rest, *auth])
+    assert status == Exit.BAD_INPUT and "no monitor.key_secret" in capsys.readouterr().err

@@ -35,8 +35,12 @@ from dagtop.ui.widgets.timeline import Timeline
 from dagtop.ui.widgets.verdict import Verdict
 from dagtop.ui.widgets.what_if import WhatIf
 
-FRAME_INTERVAL_S = 0.1
-"""How often the UI thread looks for a new snapshot: 10 frames/s at most, whatever the job's rate."""
+FRAME_INTERVAL_S = 1.0
+"""How often the panels take a new snapshot: one redraw a second at most, whatever the job's rate (htop redraws
+every 1.5 s, nvitop every 2 s). A redraw of every panel costs 15–30 ms of CPU, more with more ranks, on the
+training host; a key press redraws at once (benchmarks/bench_monitor.py)."""
+LAG_INTERVAL_S = 0.5
+"""How often the status line's lag is brought up to date between redraws: it shows the monitor is alive."""
 
 
 class Job(Protocol):
@@ -79,6 +83,9 @@ class DagtopApp(App[int]):
         self.waiting_hint = waiting_hint
         self.clock = clock
         self.frame_interval_s = frame_interval_s
+        self.tick_interval_s = min(frame_interval_s, LAG_INTERVAL_S)
+        self._ticks_per_frame = max(1, round(frame_interval_s / self.tick_interval_s))
+        self._ticks_since_frame = self._ticks_per_frame  # the first news is drawn at once
         self.shown: Snapshot = EMPTY_SNAPSHOT
         """The snapshot on screen (frozen while paused)."""
         self.shown_version = 0
@@ -113,7 +120,7 @@ class DagtopApp(App[int]):
         self.alert.say(None)
         self._push_view()
         self.collect()
-        self.set_interval(self.frame_interval_s, self.tick)
+        self.set_interval(self.tick_interval_s, self.tick)
         if self.job is not None:
             self.set_interval(0.5, self.check_job)
 
@@ -130,9 +137,11 @@ class DagtopApp(App[int]):
             self.alert.say(f"collecting stopped: {event.worker.error}")
 
     def tick(self) -> None:
-        """Once per frame interval: take the collector's latest update if it is new; keep the lag current."""
+        """Every tick: keep the lag current; once per frame interval, take the collector's latest update if new."""
         update = self.collector.latest
-        if update.version != self.shown_version:
+        self._ticks_since_frame += 1
+        if update.version != self.shown_version and self._ticks_since_frame >= self._ticks_per_frame:
+            self._ticks_since_frame = 0
             self.shown_version = update.version
             telemetry = self.telemetry_panel
             if update.telemetry is not telemetry.sample:
@@ -163,7 +172,8 @@ class DagtopApp(App[int]):
     def _push_view(self) -> None:
         view = View(self.shown, self.shown_analysis(), self.focus_rank, self.paused, self.waiting_hint)
         for panel in self.panels:
-            panel.view = view
+            if panel.drawn_from(view) != panel.drawn_from(panel.view):
+                panel.view = view
         self.refreshes += 1
 
     def check_job(self) -> None:

@@ -13,11 +13,15 @@ from dataclasses import dataclass
 
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import EMPTY_SNAPSHOT, Snapshot
+from dagtop.recording import RawFrame
 from dagtop.sources import FrameSource
 from dagtop.telemetry import Sampler, TelemetrySample
 
-POLL_S = 0.05
+POLL_S = 0.1
 """Longest wait for frames in one poll: also how soon a cancel is noticed."""
+BATCH_S = 0.1
+"""Live, the fewest seconds from one poll that found frames to the next: what comes meanwhile waits in the socket
+and is folded in one batch (one lock, one settle), not a thread wake-up per rank's frame."""
 MAX_BATCH = 5_000
 """Frames folded per poll at most, so a replay at full speed still publishes snapshots as it goes."""
 
@@ -42,13 +46,13 @@ class Collector:
         sampler: the monitor's own machine, sampled only while the job sends no telemetry of its own (None: never,
             as in replay).
         telemetry_every_s: how often to sample telemetry.
-        publish_every_s: the fewest seconds between two snapshots (building one costs; the screen needs ~10/s).
+        publish_every_s: the fewest seconds between two snapshots (building one costs; the screen takes 2/s).
         clock: monotonic ns, the same clock the live source stamps frames with (to give up on late ranks);
             pacing (publishing, telemetry) always runs on the real monotonic clock.
     """
 
     def __init__(self, source: FrameSource, pipeline: Pipeline | None = None, sampler: Sampler | None = None,
-                 telemetry_every_s: float = 1.0, publish_every_s: float = 0.05,
+                 telemetry_every_s: float = 1.0, publish_every_s: float = 0.2,
                  clock: Callable[[], int] = time.perf_counter_ns, expected_ranks: int | None = None) -> None:
         self.source = source
         self.pipeline = pipeline or Pipeline(expected_ranks=expected_ranks)
@@ -68,13 +72,14 @@ class Collector:
 
     def step(self) -> None:
         """One poll and fold; publishes when due. Call repeatedly from one thread."""
-        now = time.monotonic_ns()
+        now = started = time.monotonic_ns()
         # The monitor's own machine stands in only until the job sends its telemetry.
         if self.sampler is not None and not self.latest.snapshot.telemetry and (
                 self._last_telemetry_ns is None or now - self._last_telemetry_ns >= self.telemetry_every_ns):
             self._telemetry = self.sampler()
             self._last_telemetry_ns = now
             self._telemetry_new = True
+        frames: list[RawFrame] = []
         if self._finished:
             time.sleep(POLL_S)
         else:
@@ -95,6 +100,8 @@ class Collector:
         if (self._dirty and due) or self._telemetry_new:
             self.publish()
             self._last_publish_ns = now
+        if frames and self.source.live:
+            time.sleep(max(0.0, BATCH_S - (time.monotonic_ns() - started) / 1e9))
 
     def publish(self, error: str | None = None) -> None:
         """Make the latest update: a new snapshot only if the model changed (the screen redraws on a new one)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import signal
 import sys
 from pathlib import Path
@@ -25,6 +26,9 @@ def _run(source: FrameSource, **kwargs: Any) -> int:
     sampler = TelemetrySampler() if source.live else None
     try:
         app = make_app(source, sampler=sampler, **kwargs)
+        # What is loaded by now (modules, styles) lives as long as the screen: out of the collector's full scans,
+        # which otherwise walk it every few seconds while snapshots come and go.
+        gc.freeze()
         app.run()
         return app.return_code or Exit.OK
     finally:

@@ -8,6 +8,7 @@ the rank it runs on, so a jump to a straggler shows as a change of rank.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -145,9 +146,10 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
         shown = priority[: max(budget - 1, 1)]
     shown = sorted(shown, key=lambda r: (r != focus_rank, r))  # the focused rank's rows first, the rest by rank
 
-    critical_by_rank: dict[int | None, list[tuple[int, int, str]]] = {}
+    segments: dict[int | None, list[tuple[int, int, str]]] = {}
     for s in analysis.critical_path:
-        critical_by_rank.setdefault(s.rank, []).append((s.start_ns, s.end_ns, s.category))
+        segments.setdefault(s.rank, []).append((s.start_ns, s.end_ns, s.category))
+    critical_by_rank = {rank: _Segments(found) for rank, found in segments.items()}
     waits: dict[int, list[tuple[int, int]]] = {}
     for c in analysis.collectives:
         for r, ready in c.ready_ns.items():
@@ -174,22 +176,49 @@ _CRITICAL_STYLE: Final = {c: Style(color=colour(c), bold=True) for c in CATEGORI
 """A task's style by category, made once (a redraw paints tens of thousands of tasks)."""
 
 
+class _Segments:
+    """One rank's stretches of the critical path, ``(start, end, category)``, found by bisection: a per-layer
+    iteration has hundreds of tasks and of segments a rank, and a scan of one for each of the other is what made a
+    redraw slow (benchmarks/bench_monitor.py)."""
+
+    __slots__ = ("reach", "segments", "starts")
+
+    def __init__(self, segments: Iterable[tuple[int, int, str]]) -> None:
+        self.segments = sorted(segments)
+        self.starts = [s for s, _, _ in self.segments]
+        self.reach: list[int] = []
+        """The latest end among the segments up to each one (segments may overlap: no order of ends is assumed)."""
+        top = -1 << 62
+        for _, end, _ in self.segments:
+            top = max(top, end)
+            self.reach.append(top)
+
+    def overlapping(self, start_ns: int, end_ns: int, category: str) -> list[tuple[int, int]]:
+        """The parts of ``[start_ns, end_ns)`` that segments of ``category`` overlap, one per segment."""
+        first = bisect_right(self.reach, start_ns)  # every segment before it ends by start_ns
+        stop = bisect_left(self.starts, end_ns)  # every segment from it on starts at end_ns or later
+        return [(max(s, start_ns), min(e, end_ns)) for s, e, c in self.segments[first:stop]
+                if c == category and e > start_ns]
+
+
+_NO_SEGMENTS: Final = _Segments(())
+
+
 def _rank_spans(
     tasks: Sequence[Task],
     rank: int,
     lanes: Sequence[str],
-    critical_by_rank: dict[int | None, list[tuple[int, int, str]]],
+    critical_by_rank: dict[int | None, _Segments],
     waits: dict[int, list[tuple[int, int]]],
 ) -> Iterable[tuple[int, int, str, Style]]:
-    critical = critical_by_rank.get(rank, [])
-    collectives = critical_by_rank.get(None, [])  # a collective on the path runs on every rank
+    critical = critical_by_rank.get(rank, _NO_SEGMENTS)
+    collectives = critical_by_rank.get(None, _NO_SEGMENTS)  # a collective on the path runs on every rank
     for t in tasks:
         if t.lane not in lanes:
             continue
         # A task is on the path where a segment of the same rank and category overlaps it.
         mine = collectives if t.category == "allreduce" else critical
-        on = [(max(s, t.start_ns), min(e, t.end_ns)) for s, e, c in mine
-              if c == t.category and s < t.end_ns and e > t.start_ns]
+        on = mine.overlapping(t.start_ns, t.end_ns, t.category)
         yield t.start_ns, t.end_ns, OFF_PATH, _OFF_PATH_STYLE[t.category]
         for s, e in on:
             yield s, e, CRITICAL, _CRITICAL_STYLE[t.category]

@@ -16,6 +16,14 @@ class Panel(Widget):
     view: reactive[View] = reactive(EMPTY_VIEW, always_update=True, layout=False)
     """The view to draw; replaced whole by the app (always_update: frozen views are never compared field by field)."""
 
+    def drawn_from(self, view: View) -> tuple[object, ...]:
+        """What of ``view`` this panel draws, as a key: the app hands a new view only to a panel whose key it
+        changes, so a snapshot with no new iteration (a hello, a counter) redraws no chart.
+
+        Objects are keyed by ``id``: the panel's own view keeps the ones it shows alive, so an id cannot be reused
+        while it is compared."""
+        return (id(view.analysis), view.focus_rank, view.waiting_hint)
+
     def render(self) -> RenderableType:
         if self.view.analysis is None:
             return self.draw_empty()

@@ -6,11 +6,12 @@ from rich.console import RenderableType
 from textual.reactive import reactive
 
 from dagtop.ui.renderables.status import status_text
+from dagtop.ui.view import View
 from dagtop.ui.widgets.panel import Panel
 
 
 class StatusBar(Panel):
-    """One line; lag changes on its own (every frame interval), the rest with the view."""
+    """One line; lag changes on its own (every half second), the rest with the view."""
 
     lag_s: reactive[float | None] = reactive(None, layout=False)
     """Seconds from the newest frame's arrival to now; None in replay."""
@@ -21,6 +22,9 @@ class StatusBar(Panel):
         super().__init__(id=id)
         self.source = source
         self.live = live
+
+    def drawn_from(self, view: View) -> tuple[object, ...]:
+        return (id(view),)  # counters, ranks, rate: every snapshot may change the line
 
     def render(self) -> RenderableType:
         analysis = self.view.analysis
