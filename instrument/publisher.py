@@ -8,6 +8,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -23,8 +24,9 @@ QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
 
 SNDHWM: Final = 1000
-POLL_S: Final = 0.02
-"""How often the publisher thread looks at the queue: latency the monitor never notices, zero cost to training."""
+GPU_POLL_S: Final = 0.02
+"""While an iteration's CUDA events have not run yet, how often the publisher thread looks again. Otherwise it
+sleeps until something is enqueued, a monitor subscribes, or a hello or calibration is due."""
 
 HELLO_EVERY_S: Final = 2.0
 """A monitor started after the job, or a hello lost to ZeroMQ's slow joiner, must not leave the monitor blind."""
@@ -58,6 +60,11 @@ def curve_keys(directory: str) -> tuple[bytes, bytes, bytes]:
     if not secret:
         raise RuntimeError(f"{AUTH_ENV}={directory}: rank.key_secret holds no secret key")
     return public, secret, server
+
+
+def _close_all(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 class GpuResolver(Protocol):
@@ -109,6 +116,16 @@ class Publisher:
         self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
         """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        """Any thread that hands something over writes a byte here; the publisher thread polls it with its sockets."""
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        # Closed only once nothing can write to them: a descriptor closed under a late hand-over could be reused.
+        weakref.finalize(self, _close_all, self._wake_r, self._wake_w)
+        self._woken = False
+        """A byte is on its way: the next hand-over skips the write (one syscall an iteration at most)."""
+        self.turns = 0
+        """Times the publisher thread woke up: idle, a few a second (hellos), not a poll every few ms."""
         self._thread = threading.Thread(target=self._run, name="dagtop-publisher", daemon=True)
         self._thread.start()
 
@@ -124,20 +141,35 @@ class Publisher:
             self.dropped_queue += 1
             return
         self._queue.append(("iter", iteration, events))
+        self._wake()
 
     def put_buckets(self, buckets: list[wire.Bucket]) -> None:
         """The final bucket map; sent now and again with every hello."""
         self._queue.append(("buckets", buckets, None))
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the publisher thread; never blocks (a full pipe already holds a wake-up)."""
+        if self._woken:
+            return
+        self._woken = True
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):  # full, or closed by a publisher thread that has already stopped
+            pass
 
     # ------------------------------------------------------------------ telemetry thread
 
     def put_telemetry(self, sample: wire.Telemetry) -> None:
         """The rank's latest telemetry (any seq); sent on the next turn of the publisher thread."""
         self._telemetry.append(sample)
+        self._wake()
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Flush what is queued, say bye, and stop; never waits more than ``timeout_s``."""
         self._stop.set()
+        self._woken = False  # whatever another thread was doing, this wake-up must reach the publisher thread
+        self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
@@ -174,6 +206,7 @@ class Publisher:
                 events.close(linger=0)
             sock.close(linger=0)
             context.term()
+            self._woken = True  # hand-overs from now on write nothing
 
     def _send(self, sock: zmq.Socket[bytes], payload: bytes) -> None:
         self.seq += 1
@@ -212,35 +245,48 @@ class Publisher:
             self.refused += 1
 
     def _loop(self, sock: zmq.Socket[bytes], events: zmq.Socket[bytes] | None = None) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)  # a monitor subscribing
+        poller.register(self._wake_r, zmq.POLLIN)  # something handed over
+        if events is not None:
+            poller.register(events, zmq.POLLIN)  # a handshake refused
         started = time.monotonic()
-        early = list(HELLO_EARLY_S)
+        early = [started + s for s in HELLO_EARLY_S]
         self._send_hello(sock)
-        last_hello = time.monotonic()
-        last_calibration = 0.0
+        next_hello = started + HELLO_EVERY_S
+        next_calibration = started
         while True:
+            self.turns += 1
+            # Cleared before the queue is read: a hand-over from now on writes a byte, so none is missed.
+            self._woken = False
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
             stopping = self._stop.is_set()
-            if self._subscribed(sock):
-                self._send_hello(sock)
-                last_hello = time.monotonic()
             now = time.monotonic()
-            if (early and now - started >= early[0]) or now - last_hello >= HELLO_EVERY_S:
-                if early and now - started >= early[0]:
+            if self._subscribed(sock) or (early and now >= early[0]) or now >= next_hello:
+                while early and now >= early[0]:
                     early.pop(0)
                 self._send_hello(sock)
-                last_hello = now
-            if self._resolver is not None and now - last_calibration >= 1.0:
+                next_hello = now + HELLO_EVERY_S
+            if self._resolver is not None and now >= next_calibration:
                 self._resolver.calibrate()
-                last_calibration = now
+                next_calibration = now + 1.0
             if events is not None:
                 self._refused(events)
-            self._drain(sock, stopping)
+            waiting_on_gpu = self._drain(sock, stopping)
             if self._telemetry:
                 sample = self._telemetry.popleft()
                 self._send(sock, wire.encode(dataclasses.replace(sample, seq=self.seq)))
             if stopping:
                 self._send(sock, wire.encode(wire.Bye(self.seq, self.rank, self.iterations, self.dropped)))
                 return
-            self._stop.wait(POLL_S)
+            due = min([next_hello, *early[:1], *([next_calibration] if self._resolver is not None else [])])
+            sleep_s = due - time.monotonic()
+            if waiting_on_gpu:
+                sleep_s = min(sleep_s, GPU_POLL_S)
+            poller.poll(max(0, int(sleep_s * 1000) + 1))
 
     def _subscribed(self, sock: zmq.Socket[bytes]) -> bool:
         """True if a monitor subscribed since the last look (XPUB hands us b'\\x01' + topic)."""
@@ -252,7 +298,8 @@ class Publisher:
                 return joined
             joined = joined or message[:1] == b"\x01"
 
-    def _drain(self, sock: zmq.Socket[bytes], stopping: bool) -> None:
+    def _drain(self, sock: zmq.Socket[bytes], stopping: bool) -> bool:
+        """Send what is queued, in order; True if it stopped at an iteration whose CUDA events have not run yet."""
         while self._queue:
             kind, body, events = self._queue[0]
             if kind == "buckets":
@@ -263,7 +310,7 @@ class Publisher:
             if self._resolver is not None:
                 if not self._resolver.ready(events):
                     if not stopping:
-                        return  # the GPU has not run this iteration yet; later ones are behind it
+                        return True  # the GPU has not run this iteration yet; later ones are behind it
                     self._queue.popleft()  # a closing rank does not wait for the GPU
                     self.dropped_send += 1
                     continue
@@ -272,3 +319,4 @@ class Publisher:
             self._queue.popleft()
             self.iterations = body + 1
             self._send(sock, wire.encode_iteration(self.seq, self.rank, body, events, self.dropped))
+        return False
