@@ -4,9 +4,9 @@
     python benchmarks/bench_overhead.py --rounds 3 --steps 10  # a quick look
     python benchmarks/bench_overhead.py --jobs mlp             # one job
 
-Two jobs, each two ranks on this machine (gloo, one torch thread per rank), each rank one process that runs every
-mode in turn on the same model: a fresh ``DistributedDataParallel`` per run, modes rotated every round so no mode
-always runs first, and the slower rank's seconds per step kept. The jobs:
+Two jobs, each two ranks on this machine (gloo, one torch thread per rank, each rank pinned to a core), each rank
+one process that runs every mode in turn on the same model: a fresh ``DistributedDataParallel`` per run, modes
+rotated every round so no mode always runs first, and the slower rank's median step kept. The jobs:
 
 * ``cnn``, compute-heavy: the demo's CNN (dagtop/demo/job.py) at its batch of 64, small gradients;
 * ``mlp``, communication-heavy: a 10 M-parameter MLP at batch 2 (40 MB of gradients, ~40 % of the step in the
@@ -70,7 +70,7 @@ def _job(name: str, steps: int) -> tuple[nn.Module, list[tuple[torch.Tensor, tor
 
 
 def _run(model: nn.Module, mode: str, batches: list[Any]) -> float:
-    """Seconds per step after the warm-up, on this rank."""
+    """This rank's median seconds per step after the warm-up."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     ddp = nn.parallel.DistributedDataParallel(model)
@@ -81,23 +81,25 @@ def _run(model: nn.Module, mode: str, batches: list[Any]) -> float:
     tracer: Any = instrument.NullTracer() if options is None else instrument.attach(
         ddp, optimizer, endpoint=free_endpoint(), **options)
     loss_fn = nn.CrossEntropyLoss()
-    start = 0.0
-    for i, batch in enumerate(tracer.loader(batches)):
-        if i == WARMUP:
-            start = time.perf_counter()
+    stamps = []
+    for batch in tracer.loader(batches):
+        stamps.append(time.perf_counter())
         x, y = tracer.to_device(batch, "cpu")
         loss = loss_fn(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    seconds = (time.perf_counter() - start) / (len(batches) - WARMUP)
+    stamps.append(time.perf_counter())
     tracer.close()
-    return seconds
+    # The median step, not the mean: a step the VM's scheduler stalled says nothing about the mode.
+    return statistics.median(b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1:]))
 
 
 def _rank(rank: int, port: int, job: str, rounds: int, steps: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DAGTOP_TELEMETRY="0")
     torch.set_num_threads(1)
+    if len(os.sched_getaffinity(0)) >= 2:  # a core each: the shim's threads compete with their own rank only
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     dist.init_process_group("gloo", rank=rank, world_size=2)
     model, batches = _job(job, steps + WARMUP)
     rows = []
