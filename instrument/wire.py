@@ -9,6 +9,7 @@ validates every field and raises :class:`WireError` with a reason; it never exec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
@@ -30,13 +31,16 @@ from instrument.schema import (
     layout_of,
     wire,
 )
-from instrument.wire_events import Count, EventList, Name, Vocabulary
+from instrument.wire_events import ColumnarEvents, Count, EventList, Name, Vocabulary
 
 __all__ = ["CATEGORIES", "DEFAULT_ENDPOINT", "LANES", "PHASES", "WIRE_VERSION", "Bucket", "Buckets", "Bye", "Event",
-           "EventColumns", "Frame", "GpuStats", "Hello", "HostStats", "IterationBatch", "Telemetry", "WireError",
+           "EventColumns", "Frame", "GpuStats", "Heartbeat", "Hello", "HostStats", "IterationBatch", "Telemetry", "WireError",
            "decode", "encode", "encode_iteration"]
 
-WIRE_VERSION: Final = 1
+WIRE_VERSION: Final = 2
+"""What a rank sends. Version 2 carries an iteration's events as typed columns; nothing else changed."""
+READ_VERSIONS: Final = (1, 2)
+"""What a monitor reads: version-1 ranks and recordings too."""
 
 DEFAULT_ENDPOINT: Final = "tcp://127.0.0.1:5555"
 """Where the monitor binds and a rank connects unless told otherwise (``--bind``, ``$DAGTOP_ENDPOINT``)."""
@@ -62,7 +66,9 @@ EVENTS: Final = EventList(MAX_EVENTS_PER_FRAME, (
     Vocabulary("category", CATEGORIES, CATEGORY_CODE), Vocabulary("phase", PHASES, PHASE_CODE),
     Name("name", MAX_NAME_CHARS), Vocabulary("lane", LANES, LANE_CODE),
     Count("start_ns", "start"), Count("end_ns", "end"), Count("bytes", "bytes")))
-"""An ``iter`` frame's events: one list per event, in :class:`Event`'s field order."""
+"""A version-1 ``iter`` frame's events: one list per event, in :class:`Event`'s field order."""
+COLUMNS: Final = ColumnarEvents(MAX_EVENTS_PER_FRAME, MAX_NAME_CHARS)
+"""A version-2 ``iter`` frame's events: one typed column per field."""
 
 _event = EVENTS.check_row
 """One event's schema: the first thing wrong with a row, or its :class:`Event`."""
@@ -122,7 +128,7 @@ class IterationBatch:
     seq: int = field(metadata=SEQ)
     rank: int = field(metadata=RANK)
     iteration: int = field(metadata=wire(Int(), "the iteration, counted from 0 on each rank", key="it"))
-    events: Sequence[Event] = field(metadata=wire(EVENTS, "the iteration's tasks, not sorted", key="ev"))
+    events: Sequence[Event] = field(metadata=wire(COLUMNS, "the iteration's tasks, not sorted", key="ev"))
     """Decoded frames carry :class:`EventColumns`; any sequence of events encodes."""
     dropped: int = field(metadata=DROPPED)
 
@@ -240,17 +246,38 @@ class Telemetry:
     # `note` comes last here only because it has a default; on the wire it has always preceded hw and gpu.
 
 
-Frame = Hello | IterationBatch | Buckets | Bye | Telemetry
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Where a rank is now: the task it has open and for how long. A rank that stops sending these is silent."""
 
-FRAMES: Final[tuple[type[Frame], ...]] = (Hello, IterationBatch, Buckets, Bye, Telemetry)
+    KIND: ClassVar[str] = "heartbeat"
+    WHEN: ClassVar[str] = "about every second, from the publisher thread: even while training is stuck"
+
+    seq: int = field(metadata=SEQ)
+    rank: int = field(metadata=RANK)
+    iteration: int = field(metadata=wire(Int(), "the iteration under way, counted from 0 on each rank", key="it"))
+    task: str = field(metadata=wire(Text(MAX_NAME_CHARS), "the task open now (started, not ended): `all-reduce "
+                                                          "bucket 7`, `forward layers.11`, `backward layers.3`, "
+                                                          "`loader next`, `optimizer.step`; `after X` when none is "
+                                                          "open and X ended last; empty before any"))
+    open_ms: int = field(metadata=wire(Int(), "milliseconds `task` has been open (for `after X`: since X ended)"))
+
+
+Frame = Hello | IterationBatch | Buckets | Bye | Telemetry | Heartbeat
+
+FRAMES: Final[tuple[type[Frame], ...]] = (Hello, IterationBatch, Buckets, Bye, Telemetry, Heartbeat)
 """Every kind of frame, in the order docs/wire.md lists them."""
 
 _LAYOUT: Final[dict[type, Layout]] = {cls: layout_of(cls) for cls in FRAMES}
 _BY_KIND: Final[dict[str, Layout]] = {cls.KIND: _LAYOUT[cls] for cls in FRAMES}
+_ITER_V1: Final = Layout(IterationBatch, tuple(dataclasses.replace(f, type=EVENTS) if f.type is COLUMNS else f
+                                               for f in _LAYOUT[IterationBatch].fields))
+"""How version 1 laid out an ``iter`` frame: the same keys, the events as rows."""
 _HEADER: Final = _LAYOUT[Hello].fields[:2]
 """``seq`` and ``rank``: every frame opens with them, after ``v`` and ``k``."""
 if any(layout.fields[:2] != _HEADER for layout in _LAYOUT.values()):
     raise TypeError("every frame must open with the same seq and rank fields")
+_ITER: Final = _LAYOUT[IterationBatch]
 # encode_iteration's keys, from the layout; unpacking fails at import if the frame gains or loses a field.
 _SEQ, _RANK, _IT, _EV, _DROPPED = (f.key for f in _LAYOUT[IterationBatch])
 
@@ -280,8 +307,8 @@ def encode_iteration(
     The same bytes as ``encode(IterationBatch(...))`` without building the frame (tests/test_wire_schema.py checks
     it): this runs once per iteration on every rank, with the keys taken from the layout.
     """
-    return _pack({"v": WIRE_VERSION, "k": IterationBatch.KIND, _SEQ: seq, _RANK: rank, _IT: iteration, _EV: events,
-                  _DROPPED: dropped})
+    return _pack({"v": WIRE_VERSION, "k": IterationBatch.KIND, _SEQ: seq, _RANK: rank, _IT: iteration,
+                  _EV: COLUMNS.encode(events), _DROPPED: dropped})
 
 
 _MAP_MARKERS: Final = frozenset(bytes([b]) for b in (*range(0x80, 0x90), 0xDE, 0xDF))
@@ -300,7 +327,8 @@ def decode(payload: bytes) -> Frame:
         raise WireError(f"not msgpack, or not a map: a frame must be a map (this one starts with 0x{payload[0]:02x})"
                         if payload else "not msgpack: an empty message")
     try:
-        m = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0,
+        # bin: version 2's event columns, each bounded by the frame's size; ext: never.
+        m = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=MAX_FRAME_BYTES, max_ext_len=0,
                             max_str_len=MAX_STRING_BYTES, max_map_len=MAX_MAP_KEYS,
                             max_array_len=MAX_EVENTS_PER_FRAME)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
@@ -308,13 +336,16 @@ def decode(payload: bytes) -> Frame:
     if not isinstance(m, dict):
         raise WireError(f"frame must be a map, got {type(m).__name__}")
     version = m.get("v")
-    if version != WIRE_VERSION:
-        raise WireError(f"wire version {version!r} is not supported (this monitor speaks version {WIRE_VERSION})")
+    if version not in READ_VERSIONS or type(version) is not int:
+        raise WireError(f"wire version {version!r} is not supported (this monitor reads versions "
+                        f"{', '.join(map(str, READ_VERSIONS))})")
     kind = m.get("k")
     layout = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if layout is None:
         for f in _HEADER:  # a bad seq or rank is the reason given first, whatever the kind
             f.type.decode(m.get(f.key, f.type.absent), f.key, "")
         raise WireError(f"unknown frame kind {kind!r}")
+    if version == 1 and layout is _ITER:
+        layout = _ITER_V1
     frame: Frame = layout.decode(m)
     return frame

@@ -50,7 +50,7 @@ def test_rejections_are_counted_by_reason_with_a_sample_of_each() -> None:
     a.admit(RawFrame(0, msgpack.packb({"v": 7})))
     assert a.rejected == 4
     assert a.rejections == {"not msgpack": 1, "field 'seq' = N is out of range [N, N]": 2,
-                            "wire version N is not supported (this monitor speaks version N)": 1}
+                            "wire version N is not supported (this monitor reads versions N, N)": 1}
     assert a.rejection_samples["field 'seq' = N is out of range [N, N]"].startswith("field 'seq' = -3")
     # What a sender chooses (a kind, a long value) never makes a reason of its own past REASONS_KEPT.
     for i in range(3 * REASONS_KEPT):

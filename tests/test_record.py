@@ -55,14 +55,14 @@ def test_stops_once_n_iterations_are_complete_on_every_rank(tmp_path: Path) -> N
 
 
 def test_undecodable_frames_are_counted_by_reason_not_written(tmp_path: Path) -> None:
-    junk = [b"\x00garbage", wire.encode_iteration(0, 0, 0, [], 0).replace(b"\x01", b"\x09", 1)]
+    junk = [b"\x00garbage", wire.encode_iteration(0, 0, 0, [], 0).replace(b"\xa1v\x02", b"\xa1v\x09", 1)]
     payloads = [_hello(0, 1), junk[0], _iteration(0, 0), junk[1], wire.encode_bye(wire.Bye(9, 0, 1, 0))]
     path = tmp_path / "r.dagtop"
     with RecordingWriter(path) as writer:
         result = record(ListSource(payloads), writer)
     assert [f.payload for f in read_recording(path)] == [payloads[0], payloads[2], payloads[4]]  # no junk
     assert result.rejected == 2 and "not msgpack" in (result.first_rejection or "")
-    assert result.rejections == {"not msgpack": 1, "wire version N is not supported (this monitor speaks version N)": 1}
+    assert result.rejections == {"not msgpack": 1, "wire version N is not supported (this monitor reads versions N, N)": 1}
     assert (result.frames, result.written, result.stopped_because) == (5, 3, "bye")
     assert "not msgpack ×1" in result.line()
 

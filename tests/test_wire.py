@@ -53,7 +53,7 @@ def test_plain_tuples_encode_like_events() -> None:
     [
         (b"\xc1\xc1 not msgpack", "not msgpack"),
         (msgpack.packb([1, 2, 3]), "must be a map"),
-        (_frame(v=2), "version 2"),
+        (_frame(v=3), "version 3 is not supported"),
         (_frame(v=_MISSING), "version None"),
         (_frame(k="shout"), "unknown frame kind"),
         (_frame(seq=True), "'seq' must be an integer"),
@@ -267,7 +267,7 @@ def _telemetry(**fields: object) -> bytes:
         (_telemetry(gpu__pcie_tx=float("inf")), "gpu: field 'pcie_tx'"),
         (_telemetry(gpu__power_w=1e300), "gpu: field 'power_w'"),
         (_telemetry(gpu__mem_used=81 * GIB), "gpu: mem_used"),
-        (_telemetry(v=2), "version 2"),
+        (_telemetry(v=3), "version 3 is not supported"),
         (_telemetry(rank="3"), "'rank' must be an integer"),
     ],
 )
