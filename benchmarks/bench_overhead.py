@@ -16,8 +16,10 @@ Modes: ``plain`` is DDP with its built-in C++ all-reduce — the baseline; ``all
 ``default_hooks.allreduce_hook`` registered as a comm hook (what a comm-hook timer pays at least, for
 reference); ``block``, ``layer``, ``layer 1 in 10`` are dagtop's granularities. Nothing listens on the
 endpoint: the publisher still encodes and sends every frame, so its thread's share of the cores is in the
-figures. "paired" is the median over rounds of each round's mode/plain ratio (minutes apart at most, so drift
-cancels), with its interquartile range.
+figures. "paired" is the median over rounds of each round's mode/plain ratio (seconds apart, so drift cancels),
+with its interquartile range. Two of them: the slower rank's median step (what the job feels, and what a shared
+VM's scheduler blurs by a few percent either way), and both ranks' CPU seconds per step over all their threads
+(what the shim adds in work, which waiting and preemption do not inflate).
 
 Per event: a chain of 100 tiny layers where hooks are nearly all the work (minimum over repeats: noise only ever
 adds): torch's bare hook dispatch (no-op forward pre/post hooks and a no-op autograd-node prehook per layer, the
@@ -69,8 +71,8 @@ def _job(name: str, steps: int) -> tuple[nn.Module, list[tuple[torch.Tensor, tor
     return _mlp(), [(torch.randn(2, 256), torch.randint(10, (2,))) for _ in range(steps)]
 
 
-def _run(model: nn.Module, mode: str, batches: list[Any]) -> float:
-    """This rank's median seconds per step after the warm-up."""
+def _run(model: nn.Module, mode: str, batches: list[Any]) -> tuple[float, float]:
+    """This rank's median seconds per step after the warm-up, and its CPU seconds per step (all its threads)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     ddp = nn.parallel.DistributedDataParallel(model)
@@ -81,18 +83,21 @@ def _run(model: nn.Module, mode: str, batches: list[Any]) -> float:
     tracer: Any = instrument.NullTracer() if options is None else instrument.attach(
         ddp, optimizer, endpoint=free_endpoint(), **options)
     loss_fn = nn.CrossEntropyLoss()
-    stamps = []
-    for batch in tracer.loader(batches):
+    stamps, cpu = [], 0.0
+    for i, batch in enumerate(tracer.loader(batches)):
         stamps.append(time.perf_counter())
+        if i == WARMUP:
+            cpu = time.process_time()
         x, y = tracer.to_device(batch, "cpu")
         loss = loss_fn(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     stamps.append(time.perf_counter())
+    cpu = (time.process_time() - cpu) / (len(batches) - WARMUP)
     tracer.close()
     # The median step, not the mean: a step the VM's scheduler stalled says nothing about the mode.
-    return statistics.median(b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1:]))
+    return statistics.median(b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1:])), cpu
 
 
 def _rank(rank: int, port: int, job: str, rounds: int, steps: int, out: str) -> None:
@@ -108,10 +113,11 @@ def _rank(rank: int, port: int, job: str, rounds: int, steps: int, out: str) -> 
         order = order[r % len(order):] + order[: r % len(order)]
         for mode in order:
             dist.barrier()
-            seconds = _run(model, mode, batches)
-            slower = torch.tensor([seconds])
+            seconds, cpu = _run(model, mode, batches)
+            slower, both = torch.tensor([seconds], dtype=torch.float64), torch.tensor([cpu], dtype=torch.float64)
             dist.all_reduce(slower, op=dist.ReduceOp.MAX)
-            rows.append(f"{r}\t{mode}\t{slower.item()!r}")
+            dist.all_reduce(both, op=dist.ReduceOp.SUM)
+            rows.append(f"{r}\t{mode}\t{slower.item()!r}\t{both.item()!r}")
         if rank == 0:
             print(f"  {job}: round {r + 1}/{rounds}", file=sys.stderr, end="\r")
     if rank == 0:
@@ -119,28 +125,38 @@ def _rank(rank: int, port: int, job: str, rounds: int, steps: int, out: str) -> 
     dist.destroy_process_group()
 
 
-def interleaved(job: str, rounds: int, steps: int) -> dict[str, list[float]]:
-    """Per mode, the slower rank's seconds per step in every round."""
+def interleaved(job: str, rounds: int, steps: int) -> dict[str, list[tuple[float, float]]]:
+    """Per mode and round, the slower rank's median step and both ranks' CPU seconds per step, in seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "rows.tsv")
         mp.start_processes(_rank, args=(free_port(), job, rounds, steps, out), nprocs=2, start_method="spawn")
-        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        times: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
         for line in Path(out).read_text().splitlines():
-            _, mode, seconds = line.split("\t")
-            times[mode].append(float(seconds))
+            _, mode, seconds, cpu = line.split("\t")
+            times[mode].append((float(seconds), float(cpu)))
     return times
 
 
-def table(job: str, times: dict[str, list[float]], steps: int) -> None:
-    plain = times["plain"]
-    print(f"{job}: {len(plain)} interleaved rounds of {steps} steps, 2 ranks (gloo, 1 thread each), slower rank:")
-    print(f"  {'mode':<16} {'median ms':>10} {'min..max ms':>16} {'paired vs plain (IQR)':>28}")
-    for mode, values in times.items():
-        ratios = [(t / p - 1) * 100 for t, p in zip(values, plain)]
-        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-        spread = f"{min(values) * 1e3:.1f}..{max(values) * 1e3:.1f}"
-        paired = f"{statistics.median(ratios):+.2f}% ({q1:+.2f}..{q3:+.2f})"
-        print(f"  {mode:<16} {statistics.median(values) * 1e3:10.2f} {spread:>16} {paired:>28}")
+def _paired(values: list[float], plain: list[float]) -> str:
+    """The median over rounds of the mode/plain ratio, with its interquartile range."""
+    ratios = [(t / p - 1) * 100 for t, p in zip(values, plain)]
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return f"{statistics.median(ratios):+.2f}% ({q1:+.2f}..{q3:+.2f})"
+
+
+def table(job: str, times: dict[str, list[tuple[float, float]]], steps: int) -> None:
+    plain = [step for step, _ in times["plain"]]
+    plain_cpu = [cpu for _, cpu in times["plain"]]
+    print(f"{job}: {len(plain)} interleaved rounds of {steps} steps, 2 ranks (gloo, 1 thread each, a core each):")
+    print(f"  {'mode':<16} {'step ms':>8} {'min..max ms':>13} {'step, paired vs plain (IQR)':>29} {'CPU ms':>7}"
+          f" {'CPU, paired vs plain (IQR)':>28}")
+    for mode, rounds in times.items():
+        steps_s, cpus = [step for step, _ in rounds], [cpu for _, cpu in rounds]
+        spread = f"{min(steps_s) * 1e3:.1f}..{max(steps_s) * 1e3:.1f}"
+        print(f"  {mode:<16} {statistics.median(steps_s) * 1e3:8.2f} {spread:>13} {_paired(steps_s, plain):>29}"
+              f" {statistics.median(cpus) * 1e3:7.2f} {_paired(cpus, plain_cpu):>28}")
+    print("  step: the slower rank's median step; CPU: both ranks' CPU time per step, every thread (the shim's "
+          "publisher included)")
 
 
 def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tuple[float, float, int, float]:
