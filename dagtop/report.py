@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dagtop.exits import Exit
+from dagtop.model.liveness import ranks_text, where
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import WARM_UP, IterationAnalysis
 from dagtop.model.summary import collectives, summarize
@@ -94,6 +95,11 @@ def run_report(args: argparse.Namespace) -> int:
     summary["truncated"] = truncated
     summary["notes"] = list(snap.notes)
     summary["intake"] = intake_of(path)
+    summary["stalls"] = [{"rank": x.rank, "iteration": x.iteration, "task": x.task, "silent_s": x.silent_s,
+                          "resumed": x.resumed, "waiting": [{"task": t, "ranks": list(r)} for t, r in x.waiting]}
+                         for x in pipeline.liveness.stalls]
+    summary["restarts"] = [{"rank": x.rank, "old_pid": x.old_pid, "new_pid": x.new_pid, "iteration": x.iteration}
+                           for x in pipeline.liveness.restarts]
     if getattr(args, "json", False):
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -138,6 +144,14 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
             if x["throughput"] is not None and x["workers"] > 1:
                 throughput += f" ({x['throughput'] / x['workers'] * 100:.0f} % scaling efficiency)"
             w(f"  {x['change']:<22} {x['iteration_ms']:8.1f} ms/it  {throughput}\n")
+    for x in s.get("stalls", ()):
+        waiting = " · ".join(f"{ranks_text(w['ranks'])} {where(w['task'])}" for w in x["waiting"])
+        w(f"stall            rank {x['rank']} silent {x['silent_s']:.1f} s in iteration {x['iteration']}"
+          + (f" (last: {x['task']})" if x["task"] else "") + ("" if x["resumed"] else ", never heard again")
+          + (f" · {waiting}" if waiting else "") + "\n")
+    for x in s.get("restarts", ()):
+        w(f"restart          rank {x['rank']}: pid {x['old_pid']} → {x['new_pid']}"
+          + (f", back to iteration {x['iteration']}" if x["iteration"] is not None else "") + "\n")
     for note in s.get("notes", ()):
         w(f"note: {note}\n")
     intake = s.get("intake")

@@ -34,6 +34,9 @@ HELLO_EVERY_S: Final = 2.0
 HELLO_EARLY_S: Final = (0.2, 0.7)
 """Extra hellos soon after start, when the first one most likely went nowhere (connection not up yet)."""
 
+HEARTBEAT_EVERY_S: Final = 1.0
+"""How often a rank says where it is (``heartbeat``): the monitor calls a rank silent after a few missed ones."""
+
 AUTH_ENV: Final = "DAGTOP_AUTH"
 """A directory made by ``dagtop keygen``: the rank reads ``rank.key_secret`` and ``monitor.key`` there (CURVE)."""
 
@@ -87,6 +90,8 @@ class Publisher:
         hello: builds the rank's hello (called on the publisher thread, with the next seq).
         on_error: called once, on the publisher thread, if the thread itself fails.
         resolver: resolves CUDA events; None on CPU.
+        where: the rank's iteration under way, its open task and since when (``perf_counter_ns``); called on the
+            publisher thread about every second for a heartbeat. None: no heartbeats.
     """
 
     def __init__(
@@ -96,12 +101,14 @@ class Publisher:
         hello: Callable[[int], wire.Hello],
         on_error: Callable[[BaseException], None],
         resolver: GpuResolver | None = None,
+        where: Callable[[], tuple[int, str, int]] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.rank = rank
         self._hello = hello
         self._on_error = on_error
         self._resolver = resolver
+        self._where = where
         self._queue: collections.deque[tuple[str, Any, Any]] = collections.deque()
         self.dropped_queue = 0
         """Frames the training thread could not enqueue (queue full); written by that thread only."""
@@ -223,6 +230,13 @@ class Publisher:
         if self._buckets is not None:
             self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, tuple(self._buckets))))
 
+    def _send_heartbeat(self, sock: zmq.Socket[bytes]) -> None:
+        assert self._where is not None
+        iteration, task, since_ns = self._where()
+        open_ms = max(0, (time.perf_counter_ns() - since_ns) // 1_000_000)
+        self._send(sock, wire.encode(wire.Heartbeat(self.seq, self.rank, iteration, task[: wire.MAX_NAME_CHARS],
+                                                    open_ms)))
+
     def _refused(self, events: zmq.Socket[bytes]) -> None:
         """Warn once if the monitor refused this rank's handshake; training is not affected either way."""
         while True:
@@ -255,6 +269,7 @@ class Publisher:
         self._send_hello(sock)
         next_hello = started + HELLO_EVERY_S
         next_calibration = started
+        next_heartbeat = started + HEARTBEAT_EVERY_S if self._where is not None else float("inf")
         while True:
             self.turns += 1
             # Cleared before the queue is read: a hand-over from now on writes a byte, so none is missed.
@@ -275,6 +290,9 @@ class Publisher:
                 next_calibration = now + 1.0
             if events is not None:
                 self._refused(events)
+            if now >= next_heartbeat:
+                self._send_heartbeat(sock)
+                next_heartbeat = now + HEARTBEAT_EVERY_S
             waiting_on_gpu = self._drain(sock, stopping)
             if self._telemetry:
                 sample = self._telemetry.popleft()
@@ -282,7 +300,7 @@ class Publisher:
             if stopping:
                 self._send(sock, wire.encode(wire.Bye(self.seq, self.rank, self.iterations, self.dropped)))
                 return
-            due = min([next_hello, *early[:1], *([next_calibration] if self._resolver is not None else [])])
+            due = min([next_hello, next_heartbeat, *early[:1], *([next_calibration] if self._resolver is not None else [])])
             sleep_s = due - time.monotonic()
             if waiting_on_gpu:
                 sleep_s = min(sleep_s, GPU_POLL_S)

@@ -74,6 +74,7 @@ class TimedLoader:
     def __init__(self, tracer: Tracer, iterable: Iterable[Any]) -> None:
         self._tracer = tracer
         self._iterable = iterable
+        tracer._loading = None
 
     def __len__(self) -> int:
         return len(self._iterable)  # type: ignore[arg-type]
@@ -83,11 +84,13 @@ class TimedLoader:
         now = time.perf_counter_ns
         tracer = self._tracer
         while True:
-            start = now()
+            start = tracer._loading = now()
             try:
                 item = next(it)
             except StopIteration:
                 return
+            finally:
+                tracer._loading = None
             if tracer._on:
                 tracer._main_task(("io", "load", "next", "main", start, now(), 0))
             yield item
@@ -165,6 +168,10 @@ class Tracer:
         self._layers: Any = None
         self._optimizers: list[Any] = []
         self._update_starts: dict[str, Any] = {}
+        self._loading: int | None = None
+        """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
+        self._open_seen: dict[str, int] = {}
+        """Open task → when the publisher thread first saw it open, for starts it cannot read as ns (CUDA events)."""
         self._in_step = 0
         """Optimizer steps under way: a forward inside one (a closure's) begins no iteration."""
         self._stepped = False
@@ -249,7 +256,8 @@ class Tracer:
                             f"{len(self._layers.units)} layers")
         self._params = sum(p.numel() for m in modules for p in m.parameters())
         self._model_name = "+".join(model_name(m) for m in modules)
-        self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda)
+        where = self._where if os.environ.get("DAGTOP_HEARTBEAT", "") != "0" else None
+        self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda, where)
         if os.environ.get("DAGTOP_TELEMETRY", "") != "0":
             from instrument.telemetry import TelemetryThread
 
@@ -552,6 +560,42 @@ class Tracer:
             buckets = self._comm.iteration_done()  # a new map each time DDP rebuilds its buckets
             if buckets is not None:
                 self._publisher.put_buckets(buckets)
+
+    def _where(self) -> tuple[int, str, int]:
+        """The iteration under way, the task open in it and since when: read on the publisher thread for its
+        heartbeat, from what the hooks keep anyway (racy reads of a moment, never a lock)."""
+        try:
+            task, since = self._open_task()
+        except Exception:  # noqa: BLE001 - a look at state another thread is changing; next second's will do
+            task, since = "", None
+        now = time.perf_counter_ns()
+        if not isinstance(since, int):  # a CUDA event: when this thread first saw the task open
+            since = self._open_seen.get(task, now)
+        self._open_seen = {task: since}
+        return self.iteration, task, since
+
+    def _open_task(self) -> tuple[str, Any]:
+        in_flight = self._comm.in_flight() if self._comm is not None else None
+        if in_flight is not None:
+            return f"all-reduce {in_flight[0]}", in_flight[1]
+        loading = self._loading
+        if loading is not None:
+            return "loader next", loading
+        for name, start in self._update_starts.copy().items():
+            return name, start
+        timers = self._layers if self._detailed_now else self._blocks
+        # Backward runs last to first: the open one is the earliest unit begun and not accumulated into yet.
+        begun = [u for u in timers.units if u.bwd_start is not None]
+        for unit in [u for u in begun if u.last_grad is None] or begun[::-1]:
+            return f"backward {unit.name}", unit.bwd_start
+        for unit in timers.units:
+            if unit.fwd_start is not None:
+                return f"forward {unit.name}", unit.fwd_start
+        events = self._events
+        last = events[-1] if events else None
+        if last is not None:
+            return f"after {last[2]}", last[5]
+        return ("between iterations" if self.iteration else ""), None  # handed over, the next not begun
 
     def _hello(self, seq: int) -> wire.Hello:
         import torch

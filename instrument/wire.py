@@ -259,7 +259,8 @@ class Heartbeat:
     task: str = field(metadata=wire(Text(MAX_NAME_CHARS), "the task open now (started, not ended): `all-reduce "
                                                           "bucket 7`, `forward layers.11`, `backward layers.3`, "
                                                           "`loader next`, `optimizer.step`; `after X` when none is "
-                                                          "open and X ended last; empty before any"))
+                                                          "open and X ended last; `between iterations`; empty "
+                                                          "before the first"))
     open_ms: int = field(metadata=wire(Int(), "milliseconds `task` has been open (for `after X`: since X ended)"))
 
 
@@ -333,9 +334,7 @@ def decode(payload: bytes) -> Frame:
                             max_array_len=MAX_EVENTS_PER_FRAME)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
         raise WireError(f"not msgpack: {str(exc) or type(exc).__name__}") from None  # StackError: nested too deep
-    if not isinstance(m, dict):
-        raise WireError(f"frame must be a map, got {type(m).__name__}")
-    version = m.get("v")
+    version = m.get("v")  # a map: its first byte says so, and msgpack refuses anything after its end
     if version not in READ_VERSIONS or type(version) is not int:
         raise WireError(f"wire version {version!r} is not supported (this monitor reads versions "
                         f"{', '.join(map(str, READ_VERSIONS))})")

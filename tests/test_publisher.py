@@ -3,11 +3,16 @@ out at once, not at the next periodic duty."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
+from conftest import WAIT_S
 
+import instrument
 from instrument import publisher as publisher_module
 from instrument import wire
 from instrument.publisher import Publisher
@@ -46,3 +51,111 @@ def test_hand_overs_after_close_are_harmless(endpoint: str) -> None:
     for it in range(100_000):  # more than a pipe holds: nothing blocks, nothing raises
         publisher.put_iteration(it, [])
     assert not publisher.alive
+
+
+def test_heartbeats_say_where_the_rank_is_while_nothing_else_is_handed_over(collector: Any, endpoint: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publisher_module, "HELLO_EVERY_S", 3600.0)
+    monkeypatch.setattr(publisher_module, "HEARTBEAT_EVERY_S", 0.2)
+    opened = time.perf_counter_ns() - 3_000_000_000  # open for 3 s already
+    publisher = Publisher(endpoint, 0, _hello, on_error=lambda exc: None,
+                          where=lambda: (7, "all-reduce bucket 2", opened))
+    try:
+        collector.joined()
+        collector.wait_for(lambda frames: sum(isinstance(f, wire.Heartbeat) for f in frames) >= 3,
+                           "three heartbeats")
+    finally:
+        publisher.close()
+    beats = [f for f in collector.decoded() if isinstance(f, wire.Heartbeat)]
+    assert {(b.rank, b.iteration, b.task) for b in beats} == {(0, 7, "all-reduce bucket 2")}
+    assert all(b.open_ms >= 3000 for b in beats)
+    assert beats[-1].open_ms > beats[0].open_ms  # the clock runs: how long it has been open, not a constant
+    collector.until_bye()
+
+
+def test_no_heartbeats_without_a_where(collector: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publisher_module, "HEARTBEAT_EVERY_S", 0.05)
+    publisher = Publisher(endpoint, 0, _hello, on_error=lambda exc: None)
+    try:
+        collector.joined()
+        collector.wait_for(lambda frames: sum(isinstance(f, wire.Hello) for f in frames) >= 3, "three hellos")
+    finally:
+        publisher.close()
+    collector.until_bye()
+    assert not any(isinstance(f, wire.Heartbeat) for f in collector.decoded())
+
+
+class _Gate(torch.nn.Module):
+    """Passes its input through; while ``closed`` is set, waits for ``opened`` first (a forward that hangs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed, self.opened = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.closed.is_set():
+            self.opened.wait(WAIT_S)
+        return x
+
+
+def test_a_rank_stuck_in_its_loader_or_a_forward_says_so_in_its_heartbeats(
+        collector: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publisher_module, "HEARTBEAT_EVERY_S", 0.1)
+    torch.manual_seed(0)
+    gate = _Gate()
+    model = torch.nn.Sequential()
+    model.add_module("stem", torch.nn.Linear(4, 4))
+    model.add_module("body", torch.nn.Sequential(gate, torch.nn.Linear(4, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loading, loaded = threading.Event(), threading.Event()
+
+    def batches() -> Any:
+        for i in range(3):
+            if i == 1:
+                loading.set()
+                loaded.wait(WAIT_S)
+            yield torch.randn(2, 4)
+
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    collector.joined()
+
+    def heard(task: str, iteration: int) -> Callable[[list[wire.Frame]], bool]:
+        return lambda frames: any(isinstance(f, wire.Heartbeat) and f.task == task and f.iteration == iteration
+                                  for f in frames)
+
+    def train() -> None:
+        for i, x in enumerate(tracer.loader(batches())):
+            if i == 2:
+                gate.closed.set()
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        collector.wait_for(heard("loader next", 1), "a heartbeat in the loader's wait")
+        loaded.set()
+        collector.wait_for(heard("forward body", 2), "a heartbeat in the gated forward")
+    finally:
+        loaded.set()
+        gate.opened.set()
+        trainer.join(WAIT_S)
+        tracer.close()
+    collector.until_bye()
+
+
+def test_dagtop_heartbeat_0_turns_heartbeats_off(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAGTOP_HEARTBEAT", "0")
+    model = torch.nn.Linear(2, 2)
+    tracer = instrument.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), endpoint=endpoint)
+    try:
+        assert tracer._publisher._where is None  # type: ignore[attr-defined]
+    finally:
+        tracer.close()
+    monkeypatch.delenv("DAGTOP_HEARTBEAT")
+    tracer = instrument.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), endpoint=endpoint)
+    try:
+        assert tracer._publisher._where is not None  # type: ignore[attr-defined]
+    finally:
+        tracer.close()

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dagtop.model.admission import Admission, RankState
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.completion import Completion
+from dagtop.model.liveness import Liveness
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
 from dagtop.recording import RawFrame
 from instrument import wire
@@ -31,6 +32,8 @@ class Pipeline:
         self._clocks = ClockAligner()
         self._completion = Completion(self._admission, self._clocks, window, int(incomplete_after_s * 1e9),
                                       TASK_BUDGET)
+        self.liveness = Liveness()
+        """Silent, gone and restarted ranks, and stalls."""
         self._finished = False
         self._snapshot: Snapshot | None = None
         self._telemetry_shown: tuple[wire.Telemetry, ...] = ()
@@ -42,17 +45,20 @@ class Pipeline:
         with self._lock:
             for raw in frames:
                 for admitted, frame in self._admission.admit(raw):
+                    self.liveness.take(frame, admitted.received_ns)
                     if isinstance(frame, wire.Hello):
                         self._clocks.hello(frame)
                     elif isinstance(frame, wire.IterationBatch):
                         self._completion.add(admitted, frame)
             self._completion.settle(self._admission.received_ns)
+            self.liveness.tick(self._admission.received_ns)
             self._snapshot = None
 
     def expire(self, now_ns: int) -> None:
         """Give up on iterations older than ``incomplete_after_s`` at monitor time ``now_ns`` (a quiet live job)."""
         with self._lock:
             self._completion.settle(now_ns)
+            self.liveness.tick(now_ns, check_pids=True)  # live: the pids of ranks on this host are current
             self._snapshot = None
 
     def finish(self) -> None:
@@ -102,13 +108,14 @@ class Pipeline:
 
     def _build_snapshot(self) -> Snapshot:
         admission, analyses = self._admission, self._completion.analyses
+        dead = {rank for rank, why in self.liveness.view.gone if why != "said bye"}
         recent = [a.measured_ms for a in analyses[-10:] if a.complete and a.measured_ms > 0]
         notes = list(self._clocks.notes())
         if admission.held:
             notes.append(f"{len(admission.held)} frames held until a hello says how many ranks there are")
         return Snapshot(
             iterations=tuple(analyses),
-            ranks=tuple(self._rank_info(r, s) for r, s in sorted(admission.ranks.items())),
+            ranks=tuple(self._rank_info(r, s, dead) for r, s in sorted(admission.ranks.items())),
             ranks_expected=admission.world or 0,
             iterations_per_s=1000.0 / statistics.median(recent) if recent else 0.0,
             dropped=self.dropped,
@@ -119,6 +126,7 @@ class Pipeline:
             finished=self._finished,
             notes=tuple(notes),
             telemetry=self._latest_telemetry(),
+            liveness=self.liveness.view,
         )
 
     def _latest_telemetry(self) -> tuple[wire.Telemetry, ...]:
@@ -129,7 +137,7 @@ class Pipeline:
             self._telemetry_shown = latest
         return self._telemetry_shown
 
-    def _rank_info(self, rank: int, s: RankState) -> RankInfo:
+    def _rank_info(self, rank: int, s: RankState, dead: set[int]) -> RankInfo:
         h = s.hello
         return RankInfo(
             rank=rank,
@@ -141,5 +149,5 @@ class Pipeline:
             last_iteration=s.last_iteration,
             last_seen_ns=s.last_seen_ns,
             clock_offset_ns=self._clocks.offset(rank),
-            connected=s.bye is None and not self._finished,
+            connected=s.bye is None and not self._finished and rank not in dead,
         )

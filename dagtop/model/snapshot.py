@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from dagtop.model.change import Change
+from dagtop.model.liveness import LivenessView
 from instrument.wire import Telemetry
 
 if TYPE_CHECKING:
@@ -280,6 +281,8 @@ class Snapshot:
     telemetry: tuple[Telemetry, ...] = field(default=())
     """Each rank's latest host and GPU telemetry as of the newest frame folded in, by host then rank (empty
     when the ranks send none: a shim older than the telemetry frame)."""
+    liveness: LivenessView = field(default=LivenessView())
+    """Silent, gone and restarted ranks, and where the others wait while an iteration is stalled."""
 
     @property
     def latest(self) -> IterationAnalysis | None:

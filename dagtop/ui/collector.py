@@ -92,9 +92,10 @@ class Collector:
                 self.pipeline.finish()
                 self._finished = self._dirty = True
             elif self.source.live:
-                given_up = self.pipeline.incomplete
+                given_up, liveness = self.pipeline.incomplete, self.pipeline.liveness.view
                 self.pipeline.expire(self.clock())
-                self._dirty |= self.pipeline.incomplete != given_up
+                # With every rank silent, only the passing time says more: a stall's line, a rank gone.
+                self._dirty |= self.pipeline.incomplete != given_up or self.pipeline.liveness.view != liveness
         now = time.monotonic_ns()
         due = self._finished or now - self._last_publish_ns >= self.publish_every_ns
         if (self._dirty and due) or self._telemetry_new:

@@ -19,13 +19,14 @@ def job_ended(snapshot: Snapshot, live: bool, job_exited: bool = False) -> bool:
 
 
 def status_text(snapshot: Snapshot, *, source: str, live: bool, lag_s: float | None, paused: bool,
-                shown_iteration: int | None, job_exited: bool = False) -> Text:
+                shown_iteration: int | None, job_exited: bool = False, refused: int = 0) -> Text:
     """One line; ``lag_s`` is None in replay, where lag means nothing.
 
     Args:
         source: ``live tcp://…`` or ``replay FILE``, as the user named it.
         shown_iteration: the iteration the panels show (an older one while paused and browsing).
         job_exited: the job the screen started (``dagtop demo``) has exited.
+        refused: connections the monitor's ``--auth`` refused (a rank with a wrong key or none); shown when any.
     """
     text = Text()
     text.append("dagtop", style="bold")
@@ -51,10 +52,12 @@ def status_text(snapshot: Snapshot, *, source: str, live: bool, lag_s: float | N
     if lag_s is not None:
         text.append(f"{_SEP}lag {lag_s:.2f} s", style=STRAGGLER_COLOUR if lag_s > 2.0 else "")
     lost = Text(f"{_SEP}dropped {snapshot.dropped} · rejected {snapshot.rejected}")
-    if snapshot.dropped or snapshot.rejected or snapshot.incomplete:
+    if snapshot.dropped or snapshot.rejected or snapshot.incomplete or refused:
         lost.stylize(STRAGGLER_COLOUR)
     if snapshot.incomplete:
         lost.append(f" · incomplete {snapshot.incomplete}")
+    if refused:
+        lost.append(f" · refused {refused}", style=STRAGGLER_COLOUR)
     text.append_text(lost)
     text.append(f"{_SEP}{source}", style="dim")
     return text

@@ -1,0 +1,328 @@
+"""Liveness: which ranks are silent, gone or restarted, and where the others wait while an iteration is stalled.
+
+Judged on the monitor's clock (frames' ``received_ns``) from every frame a rank sends, heartbeats above all
+(``heartbeat``: the task a rank has open, about every second, sent by its publisher thread even while training
+is stuck). Ranks that send no heartbeats (older shims) are judged by their hellos and telemetry, every 2 s.
+
+* **stalled**: no iteration completed on every rank for :data:`STALL_FACTOR` times the median iteration (and at
+  least :data:`STALL_MIN_S`);
+* **silent**: nothing heard from a rank for :data:`SILENT_AFTER_S` (twice that without heartbeats);
+* **gone**: the rank said bye, or its process no longer exists (looked up only when its host is this one);
+* **restarted**: a known rank says hello from a new pid, or its iterations go back.
+
+A stall is recorded per silent rank while the job is stalled: where it was last (its iteration and task), how
+long it has been silent, and where every other rank waits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import statistics
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from instrument import wire
+
+SILENT_AFTER_S: Final = 3.0
+"""Three missed heartbeats."""
+STALL_MIN_S: Final = 3.0
+STALL_FACTOR: Final = 5.0
+STALLS_KEPT: Final = 10_000
+"""Stall records kept (a long job that stalls again and again): the oldest go first."""
+RESTARTS_KEPT: Final = 1000
+RESTART_SHOWN_S: Final = 60.0
+"""The screen says a rank restarted for this long."""
+ASSESS_EVERY_NS: Final = 500_000_000
+"""The judgement is made this often at most, as frames come or the monitor's clock runs (a recording has no clock
+but its frames' times): O(ranks) each time, 23 ms at 16 384 ranks."""
+
+
+Waiting = tuple[tuple[str, tuple[int, ...]], ...]
+"""(task, ranks) for each task some ranks have open, by their first rank: ``(("all-reduce bucket 7", (0, 1)),)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """One silent rank in one stall: where it was, and where the others waited."""
+
+    rank: int
+    iteration: int
+    task: str
+    """The silent rank's last open task, as its last heartbeat said (empty if it sent none)."""
+    silent_s: float
+    """The longest it went unheard (so far, while it is still silent)."""
+    waiting: Waiting
+    """Where every other rank heard from was, as its heartbeat said at the time."""
+    resumed: bool
+    """Heard from again since: stopped and continued, not killed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    rank: int
+    old_pid: int
+    new_pid: int
+    iteration: int | None
+    """The iteration it went back to, once known; None while the new process has sent none yet."""
+    at_ns: int = dataclasses.field(default=0, compare=False)
+    """Monitor time of the restart."""
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessView:
+    """What the screen shows of liveness, at one instant."""
+
+    stalled_s: float = 0.0
+    """How long no iteration has completed, when that is a stall; 0 otherwise."""
+    silent: tuple[tuple[int, float, str], ...] = ()
+    """(rank, seconds silent, last task) of the silent ranks."""
+    waiting: Waiting = ()
+    """Where the ranks heard from and not gone are."""
+    gone: tuple[tuple[int, str], ...] = ()
+    """(rank, why): ``said bye`` (only while other ranks go on), ``process gone``."""
+    restarted: tuple[Restart, ...] = ()
+    """The latest restart of each rank restarted within :data:`RESTART_SHOWN_S`."""
+
+    def line(self) -> str:
+        """One line for the screen: empty while all is well."""
+        parts = []
+        silent: dict[str, tuple[list[int], list[float]]] = {}
+        for rank, silent_s, task in self.silent:
+            ranks, seconds = silent.setdefault(task, ([], []))
+            ranks.append(rank)
+            seconds.append(silent_s)
+        for task, (ranks, seconds) in silent.items():
+            parts.append(f"{ranks_text(ranks)} silent {max(seconds):.0f} s" + (f" (last: {task})" if task else ""))
+        if self.stalled_s:
+            parts += [f"{ranks_text(list(ranks))} {where(task)}" for task, ranks in self.waiting]
+            if not self.silent:
+                parts.insert(0, f"no iteration for {self.stalled_s:.0f} s")
+        parts += [f"{ranks_text([rank])} gone ({why})" for rank, why in self.gone]
+        if len(self.restarted) == 1:
+            r = self.restarted[0]
+            parts.append(f"rank {r.rank} restarted (pid {r.old_pid} → {r.new_pid}"
+                         + (f", iteration {r.iteration})" if r.iteration is not None else ")"))
+        elif self.restarted:
+            parts.append(f"{ranks_text([r.rank for r in self.restarted])} restarted (new pids)")
+        return " · ".join(parts)
+
+
+def where(task: str) -> str:
+    """``waiting in all-reduce bucket 7`` for an open task; ``after optimizer.step`` when none is open."""
+    if not task:
+        return "heard from, no task known"
+    if task.startswith("after ") or task == "between iterations":
+        return task
+    return f"waiting in {task}"
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 3``, ``ranks 0-2, 4-7``."""
+    ranks = sorted(set(ranks))
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return "ranks " + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie (killed, not yet reaped by its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    except (OSError, OverflowError):
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: existing is all we know
+    return state not in ("Z", "X")
+
+
+@dataclass(slots=True)
+class _Rank:
+    pid: int | None = None
+    host: str = ""
+    heard_ns: int = 0
+    heartbeats: bool = False
+    iteration: int = 0
+    """The iteration under way, as the last heartbeat said, or past the last one done."""
+    done: int = -1
+    """The last iteration whose frame came."""
+    task: str = ""
+    bye: bool = False
+    dead: bool = False
+    stall: int | None = None
+    """Key of this rank's current stall record (gone from the records once older than the kept ones)."""
+    restart: int | None = None
+    """Key of this rank's restart whose first iteration has not come yet."""
+
+
+class Liveness:
+    """Folds frames in (:meth:`take`) and judges (:meth:`assess`) at a monitor time."""
+
+    def __init__(self, alive: Callable[[int], bool] = pid_alive) -> None:
+        self._alive = alive
+        self._host = socket.gethostname()
+        self._ranks: dict[int, _Rank] = {}
+        self._progress_ns = 0
+        self._progress_it = -1
+        self._iteration_ns = 0
+        """When the newest iteration frame came."""
+        self._intervals: deque[int] = deque(maxlen=20)
+        self._stalls: dict[int, Stall] = {}
+        self._restarts: dict[int, Restart] = {}
+        self._numbered = 0
+        self.view = LivenessView()
+        self._assessed_ns = 0
+        self._pids_ns = 0
+
+    def take(self, frame: wire.Frame, received_ns: int) -> None:
+        """One frame admitted from a rank, received at ``received_ns``; judges first if a judgement is due, so that
+        a rank heard again after a silence is judged silent up to that frame (the replay of a recording)."""
+        self.tick(received_ns)
+        r = self._ranks.setdefault(frame.rank, _Rank())
+        r.heard_ns = max(r.heard_ns, received_ns)
+        if r.stall is not None:  # heard again: that rank's stall is over
+            if r.stall in self._stalls:
+                self._stalls[r.stall] = _replace(self._stalls[r.stall], resumed=True)
+            r.stall = None
+        if not self._progress_ns:
+            self._progress_ns = received_ns
+        if isinstance(frame, wire.Hello):
+            if r.pid is not None and frame.pid != r.pid:
+                self._restarted(frame.rank, r, frame.pid, received_ns)
+            r.pid, r.host, r.bye, r.dead = frame.pid, frame.host, False, False
+        elif isinstance(frame, wire.Heartbeat):
+            r.heartbeats, r.iteration, r.task = True, frame.iteration, frame.task
+        elif isinstance(frame, wire.IterationBatch):
+            if frame.iteration < r.done and r.pid is not None:  # same pid, iterations reset: a restart in place
+                self._restarted(frame.rank, r, r.pid, received_ns)
+            if r.restart is not None:  # the first iteration since its restart
+                if r.restart in self._restarts:
+                    self._restarts[r.restart] = _replace(self._restarts[r.restart], iteration=frame.iteration)
+                r.restart = None
+            r.done = max(r.done, frame.iteration)
+            r.iteration = max(r.iteration, frame.iteration + 1)
+            self._iteration_ns = max(self._iteration_ns, received_ns)
+        elif isinstance(frame, wire.Bye):
+            r.bye = True
+
+    def tick(self, now_ns: int, check_pids: bool = False) -> None:
+        """:meth:`assess` if the last judgement is :data:`ASSESS_EVERY_NS` old, or pids are to be looked up and the
+        last look is that old (frames coming all the time must not starve the look)."""
+        pids = check_pids and now_ns - self._pids_ns >= ASSESS_EVERY_NS
+        if pids or now_ns - self._assessed_ns >= ASSESS_EVERY_NS:
+            self.assess(now_ns, pids)
+
+    def assess(self, now_ns: int, check_pids: bool = False) -> LivenessView:
+        """Judge every rank at monitor time ``now_ns``; update :attr:`stalls` and :attr:`view`. ``check_pids``:
+        look up the pids of ranks on this host (a live monitor; a recording's are long gone)."""
+        self._assessed_ns = now_ns
+        if check_pids:
+            self._pids_ns = now_ns
+        ranks = self._ranks
+        gone: list[tuple[int, str]] = []
+        for rank, r in sorted(ranks.items()):
+            if not r.bye and not r.dead and check_pids and r.pid is not None and r.host == self._host:
+                r.dead = not self._alive(r.pid)
+            if r.bye or r.dead:
+                gone.append((rank, "said bye" if r.bye else "process gone"))
+        live = {rank: r for rank, r in ranks.items() if not r.bye}
+        if gone and all(why == "said bye" for _, why in gone) and not live:
+            gone = []  # a job that ended: every rank said bye
+        silent = [(rank, (now_ns - r.heard_ns) / 1e9, r) for rank, r in sorted(live.items())
+                  if now_ns - r.heard_ns > _silent_after(r) * 1e9]
+        quiet = {rank for rank, _, _ in silent}
+        waiting = _grouped((rank, r.task) for rank, r in sorted(live.items()) if not r.dead and rank not in quiet)
+        self._progress(live)
+        quiet_ns = now_ns - self._progress_ns if self._progress_ns else 0
+        median = statistics.median(self._intervals) if self._intervals else 0
+        stalled = bool(live) and quiet_ns > max(STALL_MIN_S * 1e9, STALL_FACTOR * median)
+        if stalled:
+            for rank, silent_s, r in silent:
+                self._record(rank, r, silent_s, waiting)
+        self.view = LivenessView(
+            stalled_s=quiet_ns / 1e9 if stalled else 0.0,
+            silent=tuple((rank, silent_s, r.task) for rank, silent_s, r in silent) if stalled else (),
+            waiting=waiting if stalled else (),
+            gone=tuple(gone),
+            restarted=self._recent_restarts(now_ns),
+        )
+        return self.view
+
+    def _recent_restarts(self, now_ns: int) -> tuple[Restart, ...]:
+        latest: dict[int, Restart] = {}
+        for x in reversed(self._restarts.values()):
+            if now_ns - x.at_ns > RESTART_SHOWN_S * 1e9:
+                break
+            latest.setdefault(x.rank, x)
+        return tuple(sorted(latest.values(), key=lambda x: x.rank))
+
+    @property
+    def stalls(self) -> list[Stall]:
+        """Every stall recorded (the newest :data:`STALLS_KEPT`), oldest first."""
+        return list(self._stalls.values())
+
+    @property
+    def restarts(self) -> list[Restart]:
+        """Every restart seen (the newest :data:`RESTARTS_KEPT`), oldest first."""
+        return list(self._restarts.values())
+
+    def _record(self, rank: int, r: _Rank, silent_s: float, waiting: Waiting) -> None:
+        if r.stall is None:
+            r.stall = self._number(self._stalls, STALLS_KEPT)
+            self._stalls[r.stall] = Stall(rank, r.iteration, r.task, round(silent_s, 1), waiting, resumed=False)
+        elif r.stall in self._stalls:
+            self._stalls[r.stall] = _replace(self._stalls[r.stall], silent_s=round(silent_s, 1), waiting=waiting)
+
+    def _number(self, kept: dict[int, Any], limit: int) -> int:
+        """A number for a new record in ``kept``, the oldest dropped past ``limit``."""
+        if len(kept) >= limit:
+            del kept[next(iter(kept))]
+        self._numbered += 1
+        return self._numbered
+
+    def _restarted(self, rank: int, r: _Rank, new_pid: int, now_ns: int) -> None:
+        r.restart = self._number(self._restarts, RESTARTS_KEPT)
+        self._restarts[r.restart] = Restart(rank, r.pid or 0, new_pid, None, now_ns)
+        r.done, r.iteration, r.task = -1, 0, ""
+        self._progress_it = min((x.done for x in self._ranks.values()), default=-1)
+
+    def _progress(self, live: dict[int, _Rank]) -> None:
+        """If every rank has done a further iteration since the last look, the job progressed (then, near enough:
+        when the newest iteration frame came). Looked at in :meth:`assess` (O(ranks)), not per frame."""
+        done = min((r.done for r in live.values()), default=-1)
+        if done > self._progress_it:
+            if self._progress_it >= 0:
+                self._intervals.append((self._iteration_ns - self._progress_ns) // (done - self._progress_it))
+            self._progress_it, self._progress_ns = done, self._iteration_ns
+
+
+def _grouped(pairs: Iterable[tuple[int, str]]) -> Waiting:
+    """(rank, task) pairs, ranks ascending, as (task, ranks) by first rank."""
+    by_task: dict[str, list[int]] = {}
+    for rank, task in pairs:
+        by_task.setdefault(task, []).append(rank)
+    return tuple((task, tuple(ranks)) for task, ranks in by_task.items())
+
+
+def _silent_after(r: _Rank) -> float:
+    return SILENT_AFTER_S if r.heartbeats else 2 * SILENT_AFTER_S
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    return dataclasses.replace(obj, **changes)

@@ -1,0 +1,242 @@
+"""Liveness on synthetic frames: silent, waiting, gone and restarted ranks, and the stalls recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_ui_helpers import fake_telemetry, wait_loaded
+
+from dagtop.model.liveness import Liveness, LivenessView, Restart, pid_alive, ranks_text
+from dagtop.model.pipeline import Pipeline
+from dagtop.recording import RawFrame, RecordingWriter
+from dagtop.sources import RecordingSource
+from dagtop.ui.app import make_app
+from dagtop.ui.widgets.verdict import Verdict
+from instrument import wire
+
+S = 1_000_000_000
+
+
+def _hello(rank: int, pid: int, seq: int = 0, host: str = "elsewhere") -> wire.Hello:
+    return wire.Hello(seq, rank, 2, rank, host, pid, "cpu", "t", "M", 1, "block", 0, 0)
+
+
+def _iter(rank: int, it: int, seq: int) -> wire.IterationBatch:
+    return wire.IterationBatch(seq, rank, it, [("compute", "forward", "f", "main", 0, 5, 0)], 0)
+
+
+def _run(live: Liveness, until_s: float, stop_rank_1_at_s: float | None = None) -> None:
+    """Two ranks, 0.1 s iterations and heartbeats each second, from t=0 to ``until_s``; rank 1 silent from
+    ``stop_rank_1_at_s`` on, and rank 0 then stuck in an all-reduce."""
+    live.take(_hello(0, 100), 0)
+    live.take(_hello(1, 101), 0)
+    t, it, seq = 0.1, 0, 1
+    while t < until_s:
+        stopped = stop_rank_1_at_s is not None and t >= stop_rank_1_at_s
+        if not stopped:
+            live.take(_iter(0, it, seq), int(t * S))
+            live.take(_iter(1, it, seq), int(t * S))
+            it += 1
+        if abs(t - round(t)) < 0.05:  # about every second
+            task = "all-reduce bucket 0" if stopped else "forward layers.0"
+            live.take(wire.Heartbeat(seq + 1, 0, it, task, 5), int(t * S))
+            if not stopped:
+                live.take(wire.Heartbeat(seq + 1, 1, it, "backward layers.3", 5), int(t * S))
+        seq += 2
+        t += 0.1
+
+
+def test_a_silent_rank_during_a_stall_is_named_with_where_the_others_wait() -> None:
+    live = Liveness()
+    _run(live, until_s=20.0, stop_rank_1_at_s=5.0)
+    view = live.assess(20 * S)
+    assert [rank for rank, _, _ in view.silent] == [1]
+    assert view.silent[0][1] > 10
+    assert view.waiting == (("all-reduce bucket 0", (0,)),)
+    line = view.line()
+    assert line.startswith("rank 1 silent 1")
+    assert "(last: backward layers.3)" in line and "rank 0 waiting in all-reduce bucket 0" in line
+    [stall] = live.stalls
+    assert (stall.rank, stall.task, stall.resumed) == (1, "backward layers.3", False)
+    assert stall.waiting == (("all-reduce bucket 0", (0,)),)
+    # It comes back: the stall is over, its record kept, resumed.
+    live.take(wire.Heartbeat(999, 1, stall.iteration, "backward layers.3", 5), 21 * S)
+    live.take(_iter(0, 500, 1000), 21 * S)
+    live.take(_iter(1, 500, 1000), 21 * S)
+    assert live.assess(21 * S).line() == ""
+    [stall] = live.stalls
+    assert stall.resumed and stall.silent_s > 14
+
+
+def test_a_steady_job_has_no_stall_and_no_line() -> None:
+    live = Liveness()
+    _run(live, until_s=20.0)
+    assert live.assess(20 * S).line() == ""
+    assert live.stalls == []
+
+
+def test_a_slow_job_is_not_a_stall_until_several_iterations_long() -> None:
+    live = Liveness()
+    live.take(_hello(0, 100), 0)
+    for it in range(5):  # 10 s iterations, heartbeats in between
+        for s in range(10):
+            live.take(wire.Heartbeat(it * 10 + s, 0, it, "forward layers.0", s * 1000), (it * 10 + s) * S)
+        live.take(_iter(0, it, it * 10 + 9), (it * 10 + 10) * S)
+    assert live.assess(58 * S).stalled_s == 0  # 8 s without an iteration: less than 5 medians of 10 s
+
+
+def test_a_rank_whose_process_is_gone_is_gone_and_one_that_says_bye_is_not_a_stall() -> None:
+    live = Liveness(alive=lambda pid: pid != 101)
+    live.take(_hello(0, 100, host=_here()), 0)
+    live.take(_hello(1, 101, host=_here()), 0)
+    assert live.assess(1 * S).gone == ()  # pids are looked up only when asked (a live monitor)
+    assert live.assess(1 * S, check_pids=True).gone == ((1, "process gone"),)
+    assert "rank 1 gone (process gone)" in live.view.line()
+    ended = Liveness()
+    ended.take(_hello(0, 100), 0)
+    ended.take(wire.Bye(1, 0, 10, 0), S)
+    assert ended.assess(30 * S).line() == ""  # every rank said bye: the job ended
+
+
+def test_a_new_pid_for_a_known_rank_is_a_restart_back_to_its_first_iteration() -> None:
+    live = Liveness()
+    live.take(_hello(0, 100), 0)
+    for it in range(5):
+        live.take(_iter(0, it, it + 1), (it + 1) * S)
+    live.take(_hello(0, 200), 10 * S)
+    assert live.restarts == [Restart(0, 100, 200, None)]
+    live.take(_iter(0, 0, 1), 11 * S)
+    assert live.restarts == [Restart(0, 100, 200, 0)]
+    assert "rank 0 restarted (pid 100 → 200, iteration 0)" in live.assess(11 * S).line()
+    assert live.assess(100 * S).restarted == () and live.restarts  # shown for a minute, kept for the report
+
+
+def test_ranks_restarted_together_each_get_their_first_iteration() -> None:
+    live = Liveness()
+    for rank in (0, 1):
+        live.take(_hello(rank, 100 + rank), 0)
+        live.take(_iter(rank, 3, 1), S)
+    for rank in (0, 1):
+        live.take(_hello(rank, 200 + rank), 2 * S)
+    for rank in (0, 1):
+        live.take(_iter(rank, 0, 1), 3 * S)
+    assert live.restarts == [Restart(0, 100, 200, 0), Restart(1, 101, 201, 0)]
+    assert "ranks 0-1 restarted" in live.assess(3 * S).line()
+
+
+def test_iterations_going_back_in_the_same_process_are_a_restart() -> None:
+    live = Liveness()
+    live.take(_hello(0, 100), 0)
+    for it in range(5):
+        live.take(_iter(0, it, it + 1), (it + 1) * S)
+    live.take(_iter(0, 0, 6), 7 * S)
+    assert live.restarts == [Restart(0, 100, 100, 0)]
+
+
+def test_ranks_without_heartbeats_are_judged_by_their_hellos() -> None:
+    live = Liveness()
+    for t in range(0, 20, 2):  # an older shim: hellos every 2 s, no heartbeat, no iteration after the first
+        live.take(_hello(0, 100, seq=t), t * S)
+    live.take(_iter(0, 0, 100), S)
+    assert live.assess(19 * S).silent == ()  # a hello 1 s ago
+    assert [r for r, _, _ in live.assess(25 * S).silent] == [0]  # 7 s without a word
+
+
+def test_the_pipeline_replays_a_stall_from_frames_alone() -> None:
+    frames = []
+    live = Liveness()
+    original = live.take
+    live.take = lambda frame, ns: frames.append(RawFrame(ns, wire.encode(frame)))  # type: ignore[method-assign]
+    _run(live, until_s=15.0, stop_rank_1_at_s=3.0)
+    live.take = original  # type: ignore[method-assign]
+    frames.append(RawFrame(16 * S, wire.encode(wire.Heartbeat(10_000, 1, 30, "backward layers.3", 5))))
+    pipeline = Pipeline(window=None)
+    pipeline.feed(frames)
+    [stall] = pipeline.liveness.stalls
+    assert stall.rank == 1 and stall.resumed and stall.silent_s >= 12
+    assert (stall.task, stall.waiting) == ("backward layers.3", (("all-reduce bucket 0", (0,)),))
+    assert pipeline.snapshot().liveness == pipeline.liveness.view
+
+
+def test_many_ranks_are_said_in_groups_and_judged_quickly() -> None:
+    live = Liveness()
+    ranks = 4096
+    for rank in range(ranks):
+        live.take(_hello(rank, 1000 + rank), 0)
+        live.take(_iter(rank, 0, 1), S)
+    for t in range(2, 10):  # all but ranks 8-15 (one host) keep saying they wait in the same all-reduce
+        for rank in range(ranks):
+            if not 8 <= rank < 16:
+                live.take(wire.Heartbeat(t, rank, 1, "all-reduce bucket 7", t * 1000), t * S)
+            elif t == 2:
+                live.take(wire.Heartbeat(t, rank, 1, "backward layers.3", 10), t * S)
+    started = time.process_time()
+    view = live.assess(10 * S)
+    spent = time.process_time() - started
+    assert view.line() == ("ranks 8-15 silent 8 s (last: backward layers.3) · "
+                           "ranks 0-7, 16-4095 waiting in all-reduce bucket 7")
+    assert len(live.stalls) == 8 and all(x.waiting == view.waiting for x in live.stalls)
+    assert spent < 1.0  # linear in the ranks: milliseconds; a quadratic look would take tens of seconds
+
+
+def test_ranks_text_groups_runs() -> None:
+    assert ranks_text([3]) == "rank 3"
+    assert ranks_text([0, 1, 2, 4, 5, 6, 7, 9]) == "ranks 0-2, 4-7, 9"
+    assert LivenessView().line() == ""
+
+
+def test_pid_alive_sees_this_process_and_not_an_exited_one_even_unreaped() -> None:
+    assert pid_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 60
+        while pid_alive(child.pid):  # exits, then stays a zombie until waited for: gone all the same
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.05)
+    finally:
+        child.wait()
+
+
+def _here() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def test_the_screen_names_the_silent_rank_and_where_the_other_waits(tmp_path: Path) -> None:
+    """Replayed to its end, a recording whose rank 1 went silent mid-run: the verdict's first line says so."""
+    frames: list[RawFrame] = []
+    recorder = Liveness()
+    recorder.take = lambda frame, ns: frames.append(RawFrame(ns, wire.encode(frame)))  # type: ignore[method-assign]
+    _run(recorder, until_s=15.0, stop_rank_1_at_s=3.0)
+    path = tmp_path / "stall.dagtop"
+    with RecordingWriter(path) as writer:
+        for raw in frames:
+            writer.append(raw)
+    app = make_app(RecordingSource(path, speed=0), sampler=fake_telemetry, source_label="replay stall.dagtop")
+    said: list[str] = []
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_loaded(pilot, app)
+            for _ in range(600):  # the panels redraw at most once a second
+                said[:] = [str(app.query_one(Verdict).render().renderables[0])]  # type: ignore[attr-defined]
+                if "silent" in said[0]:
+                    break
+                await pilot.pause(0.05)
+
+    asyncio.run(main())
+    assert said[0].startswith("rank 1 silent 1"), said
+    assert "(last: backward layers.3) · rank 0 waiting in all-reduce bucket 0" in said[0]
+
+
+def test_ranks_with_no_task_open_are_said_to_be_after_their_last() -> None:
+    view = LivenessView(stalled_s=40.0, waiting=(("after optimizer.step", (0, 1)), ("between iterations", (2,)),
+                                                 ("loader next", (3,))))
+    assert view.line() == ("no iteration for 40 s · ranks 0-1 after optimizer.step · rank 2 between iterations · "
+                           "rank 3 waiting in loader next")
