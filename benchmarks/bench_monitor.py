@@ -5,7 +5,7 @@
 Publisher processes send every rank's real wire frames over ZeroMQ, each rank on its own PUB socket as a
 training rank would: hellos (at attach, 0.2 s and 0.7 s later, then every 2 s, each followed by the rank's
 buckets), one ``iter`` frame per iteration at ``--rate`` iterations/s (a synthetic WFBP job, see
-dagtop/model/synthetic.py), and telemetry every 2 s (host figures from local rank 0, a GPU on every rank, 8 ranks
+dagtop/model/synthetic.py), a heartbeat every second, and telemetry every 2 s (host figures from local rank 0, a GPU on every rank, 8 ranks
 a host). The monitor runs as a separate process exactly as a user runs it: ``dagtop --bind … --ranks N`` in a
 120x36 tmux pane (private server ``tmux -L benchmon``), or ``dagtop record`` in the same kind of pane. Its CPU is
 read from outside with psutil: user+system CPU seconds of the monitor's process tree over a steady window,
@@ -49,6 +49,7 @@ START_NS = 1_000_000_000
 HELLO_AT_S = (0.0, 0.2, 0.7)
 HELLO_EVERY_S = 2.0
 TELEMETRY_FIRST_S, TELEMETRY_EVERY_S = 1.0, 2.0
+HEARTBEAT_EVERY_S = 1.0
 FIRST_ITERATION_AT_S = 1.0
 
 
@@ -71,6 +72,11 @@ def rank_stream(job: SyntheticJob, rank: int, iterations: list[bytes], rate: flo
         gpu = wire.GpuStats(local, "NVIDIA H100 80GB HBM3", 90.0 + k % 5, 60 * 2**30, 80 * 2**30, 1e9, 2e9, 500.0)
         timed.append((t, 2, wire.Telemetry(0, rank, host, local, START_NS + int(t * 1e9), host_stats, gpu)))
         t, k = t + TELEMETRY_EVERY_S, k + 1
+    t = HEARTBEAT_EVERY_S
+    while t < seconds:
+        iteration = max(0, int((t - FIRST_ITERATION_AT_S) * rate))
+        timed.append((t, 2, wire.Heartbeat(0, rank, iteration, "backward block3", 12)))
+        t += HEARTBEAT_EVERY_S
     for i, payload in enumerate(iterations):
         timed.append((FIRST_ITERATION_AT_S + i / rate, 3, wire.decode(payload)))
     timed.sort(key=lambda x: (x[0], x[1]))

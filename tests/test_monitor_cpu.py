@@ -155,7 +155,7 @@ def test_the_benchmark_sends_what_a_rank_sends_and_the_model_takes_all_of_it() -
                      for when, payload, _ in bench_monitor.rank_stream(job, r, by_rank[r], rate=5.0, seconds=4.0)),
                     key=lambda sent: sent[0])
     kinds = {type(wire.decode(p)).__name__ for _, p in merged}
-    assert kinds == {"Hello", "Buckets", "IterationBatch", "Telemetry"}
+    assert kinds == {"Hello", "Buckets", "IterationBatch", "Telemetry", "Heartbeat"}
     pipeline = Pipeline()
     pipeline.feed(RawFrame(int(when * 1e9), payload) for when, payload in merged)
     pipeline.finish()
