@@ -34,6 +34,12 @@ HELLO_EVERY_S: Final = 2.0
 HELLO_EARLY_S: Final = (0.2, 0.7)
 """Extra hellos soon after start, when the first one most likely went nowhere (connection not up yet)."""
 
+JOIN_GRACE_S: Final = 1.0
+"""Until a monitor has subscribed, and for at most this long after start, iterations wait in the queue: a PUB
+socket drops what it sends before the subscription has arrived (ZeroMQ's slow joiner), and the first iterations
+of a job, or of a rank torchrun has just restarted, are the ones that would go. With no monitor there, nothing is
+held longer, and a closing rank waits for it no longer either."""
+
 HEARTBEAT_EVERY_S: Final = 1.0
 """How often a rank says where it is (``heartbeat``): the monitor calls a rank silent after a few missed ones."""
 
@@ -270,6 +276,8 @@ class Publisher:
         next_hello = started + HELLO_EVERY_S
         next_calibration = started
         next_heartbeat = started + HEARTBEAT_EVERY_S if self._where is not None else float("inf")
+        joined = False
+        hold_until = started + JOIN_GRACE_S
         while True:
             self.turns += 1
             # Cleared before the queue is read: a hand-over from now on writes a byte, so none is missed.
@@ -280,7 +288,10 @@ class Publisher:
                 pass
             stopping = self._stop.is_set()
             now = time.monotonic()
-            if self._subscribed(sock) or (early and now >= early[0]) or now >= next_hello:
+            subscribed = self._subscribed(sock)
+            joined = joined or subscribed
+            holding = not joined and now < hold_until and bool(self._queue)
+            if subscribed or (early and now >= early[0]) or now >= next_hello:
                 while early and now >= early[0]:
                     early.pop(0)
                 self._send_hello(sock)
@@ -293,14 +304,15 @@ class Publisher:
             if now >= next_heartbeat:
                 self._send_heartbeat(sock)
                 next_heartbeat = now + HEARTBEAT_EVERY_S
-            waiting_on_gpu = self._drain(sock, stopping)
+            waiting_on_gpu = not holding and self._drain(sock, stopping)
             if self._telemetry:
                 sample = self._telemetry.popleft()
                 self._send(sock, wire.encode(dataclasses.replace(sample, seq=self.seq)))
-            if stopping:
+            if stopping and not holding:
                 self._send(sock, wire.encode(wire.Bye(self.seq, self.rank, self.iterations, self.dropped)))
                 return
-            due = min([next_hello, next_heartbeat, *early[:1], *([next_calibration] if self._resolver is not None else [])])
+            due = min([next_hello, next_heartbeat, *early[:1], *([next_calibration] if self._resolver is not None else []),
+                       *([hold_until] if holding else [])])
             sleep_s = due - time.monotonic()
             if waiting_on_gpu:
                 sleep_s = min(sleep_s, GPU_POLL_S)

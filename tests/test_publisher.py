@@ -45,6 +45,26 @@ def test_an_idle_publisher_sleeps_and_a_hand_over_wakes_it(collector: Any, endpo
     collector.until_bye()
 
 
+def test_the_first_iterations_wait_for_the_monitor_to_subscribe(collector: Any, endpoint: str) -> None:
+    # A job's first iteration is often handed over before the TCP connection is up: a PUB socket would drop it.
+    now = time.perf_counter_ns()
+    publisher = Publisher(endpoint, 0, _hello, on_error=lambda exc: None)
+    for it in range(3):
+        publisher.put_iteration(it, [("compute", "update", "optimizer.step", "main", now, now + 5, 0)])
+    publisher.close(timeout_s=WAIT_S)
+    collector.until_bye()
+    assert [f.iteration for f in collector.decoded() if isinstance(f, wire.IterationBatch)] == [0, 1, 2]
+
+
+def test_without_a_monitor_a_closing_rank_waits_no_longer_than_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publisher_module, "JOIN_GRACE_S", 0.3)
+    publisher = Publisher("tcp://127.0.0.1:9", 0, _hello, on_error=lambda exc: None)  # nothing listens there
+    publisher.put_iteration(0, [])
+    publisher.close(timeout_s=WAIT_S)
+    assert not publisher.alive
+    assert publisher.iterations == 1  # sent after the grace, to nobody: training lost nothing but that frame
+
+
 def test_hand_overs_after_close_are_harmless(endpoint: str) -> None:
     publisher = Publisher(endpoint, 0, _hello, on_error=lambda exc: None)
     publisher.close()
