@@ -76,6 +76,17 @@ def _speed(text: str) -> float:
     return value
 
 
+def _refresh(text: str) -> float:
+    """Seconds between redraws of the screen, like htop's ``-d``: 0.05 (20 a second) to 60."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.05 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be from 0.05 to 60 seconds, not {text}")
+    return value
+
+
 def _metrics_address(text: str) -> tuple[str, int]:
     """``PORT`` (every interface) or ``HOST:PORT`` for the Prometheus endpoint."""
     from dagtop.interop.metrics import parse_address
@@ -132,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nice", type=_niceness, default=None, metavar="N",
                         help=f"lower the monitor's CPU priority by N, 0 to 19 (default ${NICE_ENV}, else "
                              f"{DEFAULT_NICE}; 0: leave it), so it yields to training on a shared host")
+    parser.add_argument("--refresh", type=_refresh, default=1.0, metavar="S",
+                        help="seconds between redraws (default %(default)s; e.g. 0.25 for 4 a second, at more CPU)")
     sub = parser.add_subparsers(dest="command")
 
     rec = sub.add_parser("record", help="collect headless into a recording")

@@ -20,7 +20,7 @@ from dagtop.model.snapshot import EMPTY_SNAPSHOT, IterationAnalysis, Snapshot
 from dagtop.sources import FrameSource
 from dagtop.telemetry import Sampler
 from dagtop.ui.collector import Collector
-from dagtop.ui.keys import SCREEN_KEYS
+from dagtop.ui.keys import RANK_SCROLL_KEYS, SCREEN_KEYS
 from dagtop.ui.screens.help import HelpScreen
 from dagtop.ui.screens.rank_picker import RankPicker
 from dagtop.ui.screens.what_if import WhatIfScreen
@@ -61,7 +61,7 @@ class DagtopApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (30, "-tall")]
-    BINDINGS: ClassVar[list[BindingType]] = list(SCREEN_KEYS)
+    BINDINGS: ClassVar[list[BindingType]] = [*SCREEN_KEYS, *RANK_SCROLL_KEYS]
     """Declared, each with what the help says of it, in :mod:`dagtop.ui.keys`."""
 
     paused: reactive[bool] = reactive(False)
@@ -236,6 +236,12 @@ class DagtopApp(App[int]):
             self.notify("no iteration analysed yet")
             return
         self.push_screen(WhatIfScreen(analysis))
+
+    def action_sort_ranks(self) -> None:
+        self.query_one(RankTable).cycle_sort()
+
+    def action_scroll_ranks(self, delta: int, pages: bool = False) -> None:
+        self.query_one(RankTable).scroll_rows(delta, pages)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -14,7 +16,7 @@ from dagtop.exits import Exit
 from dagtop.recording import RecordingError
 from dagtop.sources import BindError, FrameSource, RecordingSource, ZmqSource
 from dagtop.telemetry import TelemetrySampler
-from dagtop.ui.app import make_app
+from dagtop.ui.app import FRAME_INTERVAL_S, DagtopApp, make_app
 
 
 def _run(source: FrameSource, **kwargs: Any) -> int:
@@ -30,11 +32,25 @@ def _run(source: FrameSource, **kwargs: Any) -> int:
         # which otherwise walk it every few seconds while snapshots come and go.
         gc.freeze()
         app.run()
+        _write_stats(app)
         return app.return_code or Exit.OK
     finally:
         source.close()
         if sampler is not None:
             sampler.close()
+
+
+def _write_stats(app: DagtopApp) -> None:
+    """With ``DAGTOP_STATS=FILE``, write the screen's counters there on exit (benchmarks/bench_scale.py reads the
+    frames drawn); a file that cannot be written is said on stderr and otherwise ignored."""
+    path = os.environ.get("DAGTOP_STATS")
+    if not path:
+        return
+    stats = {"refreshes": app.refreshes, "frame_interval_s": app.frame_interval_s}
+    try:
+        Path(path).write_text(json.dumps(stats) + "\n")
+    except OSError as exc:
+        print(f"dagtop: DAGTOP_STATS: {exc}", file=sys.stderr)
 
 
 def run_live(args: argparse.Namespace) -> int:
@@ -48,7 +64,7 @@ def run_live(args: argparse.Namespace) -> int:
         print(f"dagtop: {exc}", file=sys.stderr)
         return Exit.CANNOT_BIND
     if getattr(args, "metrics_port", None) is None:
-        return _run(source, expected_ranks=args.ranks)
+        return _run(source, expected_ranks=args.ranks, frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
     from dagtop.interop.metrics import MetricsError, MetricsServer
     from dagtop.model.pipeline import Pipeline
 
@@ -60,7 +76,8 @@ def run_live(args: argparse.Namespace) -> int:
         print(f"dagtop: {exc}", file=sys.stderr)
         return Exit.CANNOT_BIND
     try:
-        return _run(source, expected_ranks=args.ranks, pipeline=pipeline)
+        return _run(source, expected_ranks=args.ranks, pipeline=pipeline,
+                    frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
     finally:
         server.close()
 
@@ -77,7 +94,8 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"dagtop replay: {exc}", file=sys.stderr)
         return Exit.BAD_INPUT
     speed = "" if args.speed <= 0 else f" ×{args.speed:g}"
-    return _run(source, source_label=f"replay {path.name}{speed}")
+    return _run(source, source_label=f"replay {path.name}{speed}",
+                frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
 
 
 def run_demo_live(args: argparse.Namespace, job: Any, source: ZmqSource) -> int:

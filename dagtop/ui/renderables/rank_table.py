@@ -30,15 +30,21 @@ def visible_rows(rows: Sequence[RankRow], limit: int, focus_rank: int | None = N
     return slowest[: max(limit, 1)], True
 
 
-def rank_table(analysis: IterationAnalysis, height: int, width: int, focus_rank: int | None = None) -> Table:
-    """A Rich table for ``height`` lines (header included); narrow widths leave out pcie and other."""
+def rank_table(analysis: IterationAnalysis, height: int, width: int, focus_rank: int | None = None,
+               rows: Sequence[RankRow] | None = None, title: str | None = None) -> Table:
+    """A Rich table for ``height`` lines (header included); narrow widths leave out pcie and other.
+
+    ``rows`` (with its ``title``) are the rows to draw, chosen by the caller (a sorted, scrolled page); by default
+    :func:`visible_rows` chooses."""
     wide = width >= 66
     tight = width < 50
-    rows, slowest_first = visible_rows(analysis.per_rank, max(height - 2, 1), focus_rank)
+    if rows is None:
+        rows, slowest_first = visible_rows(analysis.per_rank, max(height - 2, 1), focus_rank)
+        title = "slowest first" if slowest_first else None
+        if slowest_first:
+            rows = rows[: max(height - 3, 1)]  # the title takes a line
     table = Table(box=box.SIMPLE_HEAD, expand=True, padding=(0, 1), show_edge=False, pad_edge=False, collapse_padding=tight,
-                  title=("slowest first" if slowest_first else None), title_style="dim", title_justify="right")
-    if slowest_first:
-        rows = rows[: max(height - 3, 1)]  # the title takes a line
+                  title=title, title_style="dim", title_justify="right")
     short = {"io": "io", "pcie": "pcie", "compute": "cmp", "allreduce": "a-r", "other": "oth"}
     table.add_column("r" if tight else "rank", justify="right", no_wrap=True)
     table.add_column("iter" if tight else "iter ms", justify="right", no_wrap=True)

@@ -18,6 +18,7 @@ from rich.segment import Segment as RichSegment
 from rich.style import Style
 from rich.text import Text
 
+from dagtop.model.lateness import lateness_ms
 from dagtop.model.snapshot import IterationAnalysis, Task
 from dagtop.ui.palette import FOCUS_STYLE, STRAGGLER_COLOUR, colour
 from dagtop.ui.renderables.cells import Cell, cells_to_text
@@ -115,13 +116,41 @@ def _nice_step(raw: float) -> float:
     return raw
 
 
+_chosen: list[tuple[IterationAnalysis, int, int | None, tuple[list[int], bool, int]]] = []
+"""The last choice of ranks, held with its analysis: redraws of one iteration (every frame while it is the newest)
+sort its ranks once."""
+
+
+def _choose_ranks(analysis: IterationAnalysis, budget: int, focus_rank: int | None) -> tuple[list[int], bool, int]:
+    """The ranks to draw in ``budget`` rows, whether each lane gets a row of its own, and how many ranks there are."""
+    for held, held_budget, held_focus, choice in _chosen:
+        if held is analysis and held_budget == budget and held_focus == focus_rank:
+            return choice
+    lanes = analysis.tasks.lanes
+    straggler = analysis.straggler.rank if analysis.straggler else None
+    on_path = {s.rank for s in analysis.critical_path if s.rank is not None}
+    ranks = sorted(lanes)
+    split = sum(len(v) for v in lanes.values()) <= budget
+    shown = ranks
+    if not split and len(ranks) > budget:
+        late = lateness_ms(analysis)  # once per analysis, memoised by the model
+        priority = sorted(ranks, key=lambda r: (r != focus_rank, r != straggler, r not in on_path,
+                                                -late.get(r, 0.0), r))
+        shown = priority[: max(budget - 1, 1)]
+    shown = sorted(shown, key=lambda r: (r != focus_rank, r))  # the focused rank's rows first, the rest by rank
+    choice = (shown, split, len(ranks))
+    _chosen[:] = [*_chosen[-1:], (analysis, budget, focus_rank, choice)]  # the last two: live and browsed
+    return choice
+
+
 def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_rank: int | None = None) -> list[Row]:
     """The rows of the chart, at most ``height`` of them, each ``width - LABEL_WIDTH`` plot cells wide.
 
     The focused rank's rows come first, the others follow by rank number. Ranks beyond the rows available are
     left out in this order of importance: the focused rank, the straggler, the ranks the critical path runs on,
-    then the lowest rank numbers. When every lane of every rank cannot fit, each rank gets one row (its lanes
-    overlaid).
+    the ranks latest at the collectives (nearest the path), then the lowest rank numbers. When every lane of every
+    rank cannot fit, each rank gets one row (its lanes overlaid). Only the rows drawn are painted: the work grows
+    with the rows shown, not with the ranks.
     """
     plot_w = max(width - LABEL_WIDTH, 1)
     tasks = analysis.tasks  # grouped by rank once, by the model: a redraw only reads the groups
@@ -134,17 +163,9 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
 
     lanes = tasks.lanes
     straggler = analysis.straggler.rank if analysis.straggler else None
-    on_path = {s.rank for s in analysis.critical_path if s.rank is not None}
-
     fixed = 3  # axis, collectives, critical path
     budget = max(height - fixed, 1)
-    ranks = sorted(lanes)
-    split = sum(len(v) for v in lanes.values()) <= budget
-    shown = ranks
-    if not split and len(ranks) > budget:
-        priority = sorted(ranks, key=lambda r: (r != focus_rank, r != straggler, r not in on_path, r))
-        shown = priority[: max(budget - 1, 1)]
-    shown = sorted(shown, key=lambda r: (r != focus_rank, r))  # the focused rank's rows first, the rest by rank
+    shown, split, n_ranks = _choose_ranks(analysis, budget, focus_rank)
 
     segments: dict[int | None, list[tuple[int, int, str]]] = {}
     for s in analysis.critical_path:
@@ -152,8 +173,9 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
     critical_by_rank = {rank: _Segments(found) for rank, found in segments.items()}
     waits: dict[int, list[tuple[int, int]]] = {}
     for c in analysis.collectives:
-        for r, ready in c.ready_ns.items():
-            if ready < c.start_ns:
+        for r in shown:  # not every rank's: a 1024-rank iteration draws a handful
+            ready = c.ready_ns.get(r)
+            if ready is not None and ready < c.start_ns:
                 waits.setdefault(r, []).append((ready, c.start_ns))
 
     rows = [Row("", "", _axis(grid, total_ms))]
@@ -164,8 +186,8 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
             name = f"r{r} {group[0]}" if split else f"r{r}"
             style: Style | str = FOCUS_STYLE if r == focus_rank else (STRAGGLER_COLOUR if r == straggler else "")
             rows.append(Row(name, style, _paint(grid, spans)))
-    if len(shown) < len(ranks):
-        rows.append(Row("", "", Text(f"… {len(ranks) - len(shown)} more ranks (r: focus one)", style="dim")))
+    if len(shown) < n_ranks:
+        rows.append(Row("", "", Text(f"… {n_ranks - len(shown)} more ranks (r: focus one)", style="dim")))
     rows.append(Row("⇄ all", "", _paint(grid, _collective_spans(analysis))))
     rows.append(Row("critical", "bold", _critical_row(grid, analysis)))
     return rows[:height] if height > 0 else rows
