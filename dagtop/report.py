@@ -137,6 +137,12 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
           f"median {c['median_ms']:.1f} ms, {_size(c['bytes'])}\n")
     if len(on_path) > COLLECTIVES_SHOWN:
         w(f"{'':<17}… {len(on_path) - COLLECTIVES_SHOWN} more collectives on the path (--json lists them all)\n")
+    if s.get("decomposition"):
+        w("per iteration    " + "  ".join(f"{k} {v:.1f}" for k, v in s["decomposition"].items())
+          + " ms (Shi et al.: time each stage holds the critical path; t_c exposed; medians)\n")
+    for f in s.get("interference", ()):
+        w(f"interference     {f['lane']}: compute ×{1 + f['factor']:.2f} ± {f['stderr']:.2f} while a collective "
+          f"is in flight ({f['samples']} samples of {f['blocks']} blocks); applied to the changes to communication\n")
     if s["what_if"]:
         w("what if          (model replay, median over iterations; throughput in samples/s against now)\n")
         for x in s["what_if"]:

@@ -135,3 +135,26 @@ def test_alpha_beta_fit_degenerate_cases() -> None:
     model = same.model()
     assert model is not None and model.alpha_s == 0.0  # one bucket size: all cost per byte
     assert model.seconds(4, 1_000_000) == pytest.approx(0.003)
+
+
+@settings(max_examples=100, deadline=None)
+@given(schedules(), st.floats(0.0, 3.0))
+def test_interference_keeps_predictions_monotone(events: dict[int, list[Event]], k: float) -> None:
+    """With compute slowed by k under collectives, cheaper communication still never slows the iteration, dearer
+    never speeds it up, and the more interference, the more removing communication buys."""
+    from dagtop.model.analysis import _busy
+    from dagtop.model.whatif import run_scenarios, scenarios
+
+    dag = assemble(events, {}, {r: 0 for r in events})
+    origin = max(dag.origin.values())
+    busy = _busy(dag)
+    cases = scenarios(dag, None, None, busy)
+    if not dag.collectives:
+        return
+    now = (float(dag.b.max()) - origin) / 1e6
+    plain = dict(zip((c.change for c in cases), run_scenarios(dag, cases, origin, busy)))
+    w = dict(zip((c.change for c in cases), run_scenarios(dag, cases, origin, busy, {"main": k, "gpu": k})))
+    assert w["perfect overlap"] <= w["all-reduce ×0.5"] + 1e-9 <= now + 2e-9 <= w["all-reduce ×2"] + 3e-9
+    assert w["perfect overlap"] <= plain["perfect overlap"] + 1e-9
+    assert w["all-reduce ×0.5"] <= plain["all-reduce ×0.5"] + 1e-9
+    assert w["all-reduce ×2"] >= plain["all-reduce ×2"] - 1e-9

@@ -9,6 +9,7 @@ import numpy as np
 
 from dagtop.model.change import Change
 from dagtop.model.dag import ALLREDUCE, COLLECTIVE, RUN, IterationDag, assemble
+from dagtop.model.interference import InterferenceFit
 from dagtop.model.replay import CriticalNodes, critical_nodes, critical_segments, durations, replay, shares
 from dagtop.model.snapshot import NO_TASKS, Collective, IterationAnalysis, RankRow, Segment, Straggler
 from dagtop.model.table import F64, I64, concat_ranges, run_starts
@@ -31,6 +32,8 @@ def analyse(
     complete: bool = True,
     comm: AlphaBeta | None = None,
     with_tasks: bool = True,
+    interference: InterferenceFit | None = None,
+    learn: bool = False,
 ) -> IterationAnalysis:
     """Analyse one iteration from the events of the ranks that reported it.
 
@@ -39,12 +42,15 @@ def analyse(
     slowest rank. The prediction is the identity replay of the DAG over the same span.
     """
     dag = assemble(events, offsets, previous_end)
-    return analyse_dag(iteration, dag, complete, comm, with_tasks)
+    return analyse_dag(iteration, dag, complete, comm, with_tasks, interference, learn)
 
 
 def analyse_dag(
-    iteration: int, dag: IterationDag, complete: bool, comm: AlphaBeta | None, with_tasks: bool = True
+    iteration: int, dag: IterationDag, complete: bool, comm: AlphaBeta | None, with_tasks: bool = True,
+    interference: InterferenceFit | None = None, learn: bool = False,
 ) -> IterationAnalysis:
+    """As :func:`analyse`; ``interference``, when given, is read for the what-ifs, then fed this iteration
+    (``learn``: not for warm-up iterations)."""
     origin = max(dag.origin.values()) if dag.origin else 0
     final = int(dag.b.max()) if dag.nodes else origin
     measured_ms = (final - origin) / 1e6
@@ -59,7 +65,10 @@ def analyse_dag(
     deviation = _deviation(dag, busy)
     straggler = _straggler(dag, nodes, end[0], measured_ms, deviation)
     cases = scenarios(dag, straggler, comm, busy)
-    predicted = run_scenarios(dag, cases, origin, busy)
+    fitted = tuple(interference.model().values()) if interference is not None else ()
+    predicted = run_scenarios(dag, cases, origin, busy, {f.lane: f.applied for f in fitted})
+    if interference is not None and learn:
+        interference.add(dag)
     # Exposed communication is what the iteration would lose if the collectives were free: with one rank and
     # one bucket per layer that is exactly the seed paper's tc_start[1] + t_c[1] - (tb_start[1] + t_b[1]).
     free_comm = next((ms for c, ms in zip(cases, predicted) if c.change is Change.PERFECT_OVERLAP), predicted_ms)
@@ -86,6 +95,7 @@ def analyse_dag(
         overlap_ratio=overlap,
         per_rank=_rows(dag, busy, deviation, straggler, origin),
         what_if=what_ifs(predicted_ms, cases, predicted),
+        interference=fitted,
     )
 
 

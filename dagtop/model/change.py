@@ -30,6 +30,12 @@ class Change(str, Enum):
         return 2 if self is Change.DOUBLE_WORKERS else 1
 
     @property
+    def doubt(self) -> str:
+        """Why the prediction is of lower confidence (not validated within 10 % of a real re-run by
+        benchmarks/validate_whatif.py); empty where it was."""
+        return _DOUBT.get(self, "")
+
+    @property
     def assumption(self) -> str:
         """What the change means and what the model assumes to predict it."""
         return _ASSUMPTION[self]
@@ -55,4 +61,13 @@ _ASSUMPTION = {
     Change.STRAGGLER_AT_MEDIAN: "the straggler's time in its category brought down to the other ranks' median",
     Change.DOUBLE_WORKERS: "twice the ranks, the same batch per rank (weak scaling): compute unchanged, each "
                            "collective longer by the fitted α-β ring model; throughput counts both halves",
+}
+
+_DOUBT = {
+    Change.DOUBLE_WORKERS: "not validated: the α-β fit is extrapolated to twice the ranks, and the test machine "
+                           "(2 cores) cannot run twice the ranks without measuring core sharing instead",
+    Change.ALLREDUCE_DOUBLE: "not validated by a re-run (no job was made to send twice the bytes)",
+    Change.PERFECT_OVERLAP: "off by 13–35 % on a job whose one 128 MB gloo all-reduce holds the path (the demo's "
+                            "--bottleneck allreduce), where the re-runs themselves spread from ×2.7 to ×4.5 on 2 "
+                            "shared cores; within 3 % on a small transformer",
 }

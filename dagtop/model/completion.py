@@ -15,6 +15,7 @@ from dagtop.model import verdict
 from dagtop.model.admission import Admission
 from dagtop.model.analysis import analyse
 from dagtop.model.clocks import ClockAligner
+from dagtop.model.interference import InterferenceFit
 from dagtop.model.snapshot import NO_TASKS, WARM_UP, IterationAnalysis
 from dagtop.model.whatif import CommFit
 from dagtop.recording import RawFrame
@@ -79,6 +80,7 @@ class Completion:
         self._partial: dict[int, dict[int, Sequence[wire.Event]]] = {}
         self._tasks_kept = 0
         self._comm = CommFit()
+        self._interference = InterferenceFit()
 
     def add(self, raw: RawFrame, frame: wire.IterationBatch) -> None:
         """One admitted iteration frame: pending, or a late part of an iteration already given up on."""
@@ -154,7 +156,8 @@ class Completion:
         states = self._admission.ranks
         previous = {r: end + offsets[r] for r in ranks if (end := states[r].update_end.get(it - 1)) is not None}
         try:
-            analysis = analyse(it, events, offsets, previous, complete, self._comm.model())
+            analysis = analyse(it, events, offsets, previous, complete, self._comm.model(),
+                               interference=self._interference, learn=it >= WARM_UP)
         except Exception as exc:  # noqa: BLE001 - a model bug must not take the monitor down
             self._admission.reject(f"iteration {it} could not be analysed: {type(exc).__name__}: {exc}")
             return None

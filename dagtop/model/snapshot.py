@@ -136,6 +136,28 @@ class Straggler:
 
 
 @dataclass(frozen=True, slots=True)
+class Interference:
+    """The fitted slow-down of one lane's compute under an in-flight collective (:mod:`dagtop.model.interference`)."""
+
+    lane: str
+    factor: float
+    """k: a block fully overlapped by communication takes (1 + k) times as long as with none."""
+    stderr: float
+    """Standard error of ``factor``."""
+    samples: int
+    blocks: int
+
+    @property
+    def applied(self) -> float:
+        """The factor used in the replay: the fit, never below 0 (a negative fit is noise, not a speed-up)."""
+        return max(self.factor, 0.0)
+
+    def describe(self) -> str:
+        return (f"{self.lane}: compute ×{1 + self.factor:.3f} ± {self.stderr:.3f} under a collective "
+                f"({self.samples} samples, {self.blocks} blocks)")
+
+
+@dataclass(frozen=True, slots=True)
 class WhatIf:
     """The model's prediction for one change."""
 
@@ -232,6 +254,8 @@ class IterationAnalysis:
     what_if: tuple[WhatIf, ...]
     steady: SteadyVerdict | None = None
     """The steady verdict as of this iteration: set by the pipeline, which sees the iterations before it."""
+    interference: tuple[Interference, ...] = ()
+    """The compute slow-down under collectives fitted up to this iteration, per lane, that its what-ifs used."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.tasks, Tasks):  # hand-built (tests): group them here, once

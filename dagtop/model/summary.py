@@ -10,6 +10,7 @@ from typing import Any
 from dagtop.model.analysis import model_error, segments_ms
 from dagtop.model.change import Change
 from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.whatif import decomposition
 from instrument.events import CATEGORIES
 
 STRAGGLER_MAJORITY = 0.5
@@ -39,6 +40,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
             "critical_path": {c: (1.0 if c == "other" else 0.0) for c in CATEGORIES}, "bottleneck": "other",
             "straggler": None, "predicted_iteration_ms": 0.0, "model_error": 0.0, "what_if": [],
             "exposed_comm_ms": 0.0, "communication_seen": False, "overlap_ratio": 1.0, "incomplete_iterations": 0,
+            "decomposition": {}, "interference": [],
         }
     measured = [a.measured_ms for a in complete]
     path_ms = dict.fromkeys(CATEGORIES, 0.0)
@@ -68,6 +70,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
             ):
                 continue  # only where the job's straggler was the iteration's
             changes.setdefault(w.change, []).append(w.iteration_ms)
+    parts = [decomposition(a.critical_path) for a in complete]
     what_if = []
     for change, values in changes.items():
         ms = statistics.median(values)
@@ -91,6 +94,10 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
         "communication_seen": any(a.collectives for a in complete),
         "overlap_ratio": statistics.median(a.overlap_ratio for a in complete),
         "incomplete_iterations": sum(1 for a in analyses if not a.complete),
+        "decomposition": {term: statistics.median(d[term] for d in parts) for term in parts[0]},
+        # The fit as of the last iteration (it grows over the run): compute's slow-down under collectives, per lane.
+        "interference": [{"lane": f.lane, "factor": f.factor, "stderr": f.stderr, "applied": f.applied,
+                          "samples": f.samples, "blocks": f.blocks} for f in complete[-1].interference],
     }
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from dagtop.model.change import Change
 from dagtop.model.dag import ALLREDUCE, IterationDag
+from dagtop.model.interference import COMPUTE, compute_factors, node_overlap
 from dagtop.model.replay import durations, replay
-from dagtop.model.snapshot import Straggler, WhatIf
+from dagtop.model.snapshot import Segment, Straggler, WhatIf
 from dagtop.model.table import F64
 from instrument.events import CATEGORIES, CATEGORY_CODE
 
@@ -86,6 +88,9 @@ class Scenario:
     change: Change
     scale: F64
     collective_ns: dict[int, float] | None = None
+    comm_ratio: float | None = None
+    """The collectives' time with the change over their time now, for the changes that add or remove overlap:
+    the compute they overlapped is rescaled by the fitted interference (:mod:`dagtop.model.interference`)."""
 
 
 def scenarios(
@@ -104,9 +109,9 @@ def scenarios(
     out = []
     if dag.collectives:  # with none timed, a change to communication would read ×1.00: a claim about nothing
         out += [
-            Scenario(Change.ALLREDUCE_HALF, scaled(slice(None), ALLREDUCE, 0.5)),
-            Scenario(Change.ALLREDUCE_DOUBLE, scaled(slice(None), ALLREDUCE, 2.0)),
-            Scenario(Change.PERFECT_OVERLAP, scaled(rows - 1, ALLREDUCE, 0.0)),
+            Scenario(Change.ALLREDUCE_HALF, scaled(slice(None), ALLREDUCE, 0.5), comm_ratio=0.5),
+            Scenario(Change.ALLREDUCE_DOUBLE, scaled(slice(None), ALLREDUCE, 2.0), comm_ratio=2.0),
+            Scenario(Change.PERFECT_OVERLAP, scaled(rows - 1, ALLREDUCE, 0.0), comm_ratio=0.0),
         ]
     out.append(Scenario(Change.IO_HIDDEN, scaled(slice(None), CATEGORY_CODE["io"], 0.0)))
     if straggler is not None and straggler.category in CATEGORY_CODE:
@@ -119,12 +124,17 @@ def scenarios(
     if comm is not None and p > 1 and dag.collectives:
         extra = {c.node: (comm.seconds(2 * p, c.bytes) - comm.seconds(p, c.bytes)) * 1e9 for c in dag.collectives}
         new = {v: max(float(dag.catsum[v, ALLREDUCE]) + d, 0.0) for v, d in extra.items()}
-        out.append(Scenario(Change.DOUBLE_WORKERS, one, new))
+        now = float(sum(dag.catsum[v, ALLREDUCE] for v in new))
+        out.append(Scenario(Change.DOUBLE_WORKERS, one, new, sum(new.values()) / now if now > 0 else None))
     return out
 
 
-def run_scenarios(dag: IterationDag, cases: list[Scenario], origin_ns: int, busy: dict[int, F64]) -> list[float]:
+def run_scenarios(dag: IterationDag, cases: list[Scenario], origin_ns: int, busy: dict[int, F64],
+                  interference: Mapping[str, float] | None = None) -> list[float]:
     """Predicted iteration ms for each scenario, all replayed at once.
+
+    With ``interference`` (lane → fitted factor k), a change to the collectives' time also rescales the compute
+    that overlapped them: compute no longer shares the machine with communication that is gone.
 
     'perfect overlap' is the replay with every collective free: the most that overlapping communication
     can buy (when the collectives outlast the backward pass no real overlap gets there; 'all-reduce ×0.5'
@@ -136,6 +146,13 @@ def run_scenarios(dag: IterationDag, cases: list[Scenario], origin_ns: int, busy
         if case.collective_ns:
             nodes = np.fromiter(case.collective_ns.keys(), dtype=np.int64)
             dur[i, nodes] = np.fromiter(case.collective_ns.values(), dtype=np.float64)
+    if interference and any(v > 0 for v in interference.values()):
+        overlap = node_overlap(dag)
+        compute = dag.catsum[:, COMPUTE]
+        for i, case in enumerate(cases):
+            if case.comm_ratio is not None:
+                factors = compute_factors(dag, overlap, dict(interference), case.comm_ratio)
+                dur[i] += compute * (factors - 1.0)
     _, end = replay(dag, dur)
     out = [(float(f) - origin_ns) / 1e6 for f in end.max(axis=1)]
     for i, case in enumerate(cases):
@@ -148,3 +165,18 @@ def run_scenarios(dag: IterationDag, cases: list[Scenario], origin_ns: int, busy
 def what_ifs(base_ms: float, cases: list[Scenario], predicted_ms: list[float]) -> tuple[WhatIf, ...]:
     """WhatIf entries for every scenario; speedup = ``base_ms`` (the identity replay) / scenario."""
     return tuple(WhatIf(c.change, ms, base_ms / ms if ms > 0 else float("inf")) for c, ms in zip(cases, predicted_ms))
+
+
+SHI_TERMS = {("io", "load"): "t_io", ("pcie", "h2d"): "t_h2d", ("compute", "forward"): "t_f",
+             ("compute", "backward"): "t_b", ("allreduce", "allreduce"): "t_c", ("compute", "update"): "t_u"}
+"""(category, phase) on the critical path → the term of Shi et al.'s t_iter = t_io + t_h2d + t_f + t_b + t_c + t_u."""
+
+
+def decomposition(path: Sequence[Segment]) -> dict[str, float]:
+    """One iteration in the terms of Shi et al. (arXiv 1805.03812), ms, from its critical path: each term is the
+    time that stage holds the path, so t_c is the exposed communication and t_io, t_h2d count only what was not
+    prefetched. ``t_other`` holds the rest (untimed host work, other phases); the terms sum to the iteration."""
+    out = dict.fromkeys((*SHI_TERMS.values(), "t_other"), 0.0)
+    for s in path:
+        out[SHI_TERMS.get((s.category, s.phase), "t_other")] += s.duration_ms
+    return out

@@ -43,11 +43,13 @@ def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False
         table.add_column("", no_wrap=True, width=bar_w)
     if explain:
         table.add_column("what it means", overflow="fold")
-    now = [Text(str(Change.IDENTITY), style="bold"), f"{analysis.predicted_ms:.1f}", "×1.00"]
+    now: list[Text | str] = [Text(str(Change.IDENTITY), style="bold"), f"{analysis.predicted_ms:.1f}", "×1.00"]
     table.add_row(*now, *([""] if bar_w else []),
                   *([f"measured {analysis.measured_ms:.1f} ms; {Change.IDENTITY.assumption}"] if explain else []))
     for w in sorted(analysis.what_if, key=lambda w: -w.throughput):
         change = Text(str(w.change), style=colour(w.change.category))
+        if w.change.doubt:  # not validated within 10 % of a real re-run: the screen says why
+            change.append(" ?", style="yellow")
         if narrow:
             change.append_text(efficiency_text(w))
         cells: list[Text | str] = [change, f"{w.iteration_ms:.1f}", throughput_text(w, not narrow)]

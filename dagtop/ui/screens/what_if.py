@@ -15,6 +15,7 @@ from textual.widgets import Static
 
 from dagtop.model.change import Change
 from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.whatif import decomposition
 from dagtop.ui.palette import colour
 from dagtop.ui.renderables.what_if import what_if_table
 
@@ -54,10 +55,39 @@ class WhatIfDetails:
             assumes.add_row(Text(str(w.change), style=f"bold {colour(w.change.category)}"), w.change.assumption)
         yield Group(intro, Text(""), what_if_table(a, options.max_width), Text(""), columns, Text(""),
                     Text("What each change assumes", style="bold underline"), assumes, Text(""),
-                    Text("Every other task keeps its measured duration and order. Where communication shares cores "
-                         "with compute (gloo on CPU), less of it would also speed compute up: the real gain can be "
-                         "larger.", style="dim"),
+                    Text("Where it came from", style="bold underline"), _decomposition(a), _interference(a),
+                    Text(""), _confidence(a), Text(""),
+                    Text("Every other task keeps its measured duration and order, except compute that ran under a "
+                         "collective: a change to communication rescales it by the interference fitted above.",
+                         style="dim"),
                     Text(""), Text("Press escape or w to close.", style="dim"))
+
+
+def _decomposition(a: IterationAnalysis) -> Text:
+    """The iteration in Shi et al.'s terms, to compare with the paper's tables."""
+    terms = decomposition(a.critical_path)
+    return Text("per iteration (Shi et al., on the critical path; t_c exposed): "
+                + "  ".join(f"{k} {v:.1f}" for k, v in terms.items() if v > 0 or k != "t_other") + " ms")
+
+
+def _interference(a: IterationAnalysis) -> Text:
+    if not a.interference:
+        return Text("interference: not fitted yet (no block has run both more and less under a collective); "
+                    "changes to communication hold compute fixed", style="dim")
+    return Text("interference: " + "; ".join(f.describe() for f in a.interference)
+                + ". Applied where a change adds or removes overlap.")
+
+
+def _confidence(a: IterationAnalysis) -> Text:
+    """The changes whose predictions were not validated within 10 % of a real re-run, with the reason."""
+    low = [w.change for w in a.what_if if w.change.doubt]
+    if not low:
+        return Text("Every change shown was validated within 10 % of a real re-run (benchmarks/validate_whatif.py).",
+                    style="dim")
+    text = Text("Lower confidence (? in the table):", style="bold yellow")
+    for change in low:
+        text.append(f"\n  {change}: {change.doubt}", style="yellow")
+    return text
 
 
 class WhatIfScreen(ModalScreen[None]):

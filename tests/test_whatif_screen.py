@@ -1,0 +1,57 @@
+"""The what-if details say what the interference fit found and which predictions are of lower confidence."""
+
+from __future__ import annotations
+
+import random
+import re
+
+from rich.console import Console
+
+from dagtop.model.analysis import analyse
+from dagtop.model.change import Change
+from dagtop.model.dag import assemble
+from dagtop.model.interference import InterferenceFit
+from dagtop.model.snapshot import IterationAnalysis
+from dagtop.ui.renderables.what_if import what_if_table
+from dagtop.ui.screens.what_if import WhatIfDetails
+from tests.test_whatif_interference import iteration
+
+
+def rendered(renderable: object, width: int = 120) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def analysed(fitted: bool) -> IterationAnalysis:
+    rng = random.Random(5)
+    fit = InterferenceFit()
+    for _ in range(20 if fitted else 0):
+        events = iteration(rng, 0.4)
+        fit.add(assemble(events, {}, {r: 0 for r in events}))
+    events = iteration(rng, 0.4)
+    return analyse(50, events, {}, {r: 0 for r in events}, interference=fit)
+
+
+def test_details_show_the_fit_the_decomposition_and_the_doubts() -> None:
+    text = rendered(WhatIfDetails(analysed(fitted=True)))
+    found = re.search(r"interference: main: compute ×([0-9.]+) ± ([0-9.]+)", text)
+    assert found is not None
+    assert abs(float(found[1]) - 1.4) < 0.05 and float(found[2]) < 0.05
+    assert "t_f " in text and "t_b " in text and "t_c " in text and "t_u " in text
+    assert "Lower confidence" in text
+    assert f"{Change.ALLREDUCE_DOUBLE}: {Change.ALLREDUCE_DOUBLE.doubt[:30]}" in " ".join(text.split())
+
+
+def test_details_without_a_fit_say_so() -> None:
+    text = rendered(WhatIfDetails(analysed(fitted=False)))
+    assert "interference: not fitted yet" in " ".join(text.split())
+
+
+def test_table_marks_only_the_doubtful_changes() -> None:
+    a = analysed(fitted=True)
+    lines = rendered(what_if_table(a, 100)).splitlines()
+    for w in a.what_if:
+        line = next(line for line in lines if str(w.change) in line)
+        assert (f"{w.change} ?" in line) == bool(w.change.doubt)
+    assert any(not w.change.doubt for w in a.what_if)  # some changes were validated and carry no mark
