@@ -10,6 +10,7 @@ from rich.style import Style
 from test_ui_helpers import snapshot_of, two_rank_iteration
 
 from dagtop.model.change import Change
+from dagtop.model.liveness import LivenessView
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import RankRow, SteadyStraggler, SteadyVerdict, Straggler, WhatIf
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
@@ -147,6 +148,13 @@ def test_status_line_counts_ranks_iterations_and_losses() -> None:
     replay = status_text(snap, source="replay f", live=False, lag_s=None, paused=False, shown_iteration=7).plain
     assert "lag" not in replay and "iteration 7" in replay
 
+
+def test_a_stalled_job_reads_as_stalled_not_at_its_last_rate() -> None:
+    running = snapshot_of(two_rank_iteration(6), two_rank_iteration(7))
+    assert running.iterations_per_s > 0
+    stalled = dataclasses.replace(running, liveness=LivenessView(stalled_s=14.2, silent=((1, 14.2, "backward x"),)))
+    said = status_text(stalled, source="live tcp://x:1", live=True, lag_s=0.1, paused=False, shown_iteration=7).plain
+    assert "0 it/s · stalled 14 s" in said and f"{running.iterations_per_s:.1f} it/s" not in said
 
 
 def test_two_n_workers_reads_as_throughput_and_scaling_efficiency_not_a_slowdown() -> None:

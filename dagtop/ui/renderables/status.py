@@ -47,6 +47,8 @@ def status_text(snapshot: Snapshot, *, source: str, live: bool, lag_s: float | N
         text.append(f"{_SEP}iteration {latest}")
     if job_ended(snapshot, live, job_exited):
         text.append(f"{_SEP}— it/s · {'job' if live else 'replay'} ended", style="bold")
+    elif snapshot.liveness.stalled_s:  # the rate of the last iterations would say the job still runs
+        text.append(f"{_SEP}0 it/s · stalled {snapshot.liveness.stalled_s:.0f} s", style=f"bold {STRAGGLER_COLOUR}")
     else:
         text.append(f"{_SEP}{snapshot.iterations_per_s:.1f} it/s")
     if lag_s is not None:
