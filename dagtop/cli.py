@@ -87,6 +87,17 @@ def _refresh(text: str) -> float:
     return value
 
 
+def _bandwidth(text: str) -> float:
+    """A bus bandwidth in GB/s (bytes: 100 Gb/s Ethernet is 12.5), above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a bandwidth in GB/s: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0 GB/s, not {text}")
+    return value
+
+
 def _metrics_address(text: str) -> tuple[str, int]:
     """``PORT`` (every interface) or ``HOST:PORT`` for the Prometheus endpoint."""
     from dagtop.interop.metrics import parse_address
@@ -145,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{DEFAULT_NICE}; 0: leave it), so it yields to training on a shared host")
     parser.add_argument("--refresh", type=_refresh, default=1.0, metavar="S",
                         help="seconds between redraws (default %(default)s; e.g. 0.25 for 4 a second, at more CPU)")
+    bandwidth_help = ("the bus bandwidth, GB/s, of the `network bandwidth` what-if (bytes: 100 Gb/s Ethernet is "
+                      "12.5; default twice the one fitted on the job's collectives)")
+    parser.add_argument("--bandwidth", type=_bandwidth, default=None, metavar="GBPS", help=bandwidth_help)
     sub = parser.add_subparsers(dest="command")
 
     rec = sub.add_parser("record", help="collect headless into a recording")
@@ -168,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("file", help="a recording made by `dagtop record` or `dagtop demo --record`")
     rep.add_argument("--json", action="store_true", help="print JSON (schema in docs/report.md)")
     rep.add_argument("--iterations", type=_iteration_range, default=None, metavar="A:B", help="analyse iterations A..B-1")
+    rep.add_argument("--bandwidth", type=_bandwidth, **shared, metavar="GBPS", help=bandwidth_help)
 
     kg = sub.add_parser("keygen", help="write the CURVE key pairs of the monitor and the ranks, for --auth")
     kg.add_argument("directory", metavar="DIR", help="where to write them (made if missing; never overwritten)")
@@ -175,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     rpl = sub.add_parser("replay", help="the live screen, from a recording")
     rpl.add_argument("file")
     rpl.add_argument("--speed", type=_speed, default=1.0, help="playback speed (0: as fast as possible)")
+    rpl.add_argument("--bandwidth", type=_bandwidth, **shared, metavar="GBPS", help=bandwidth_help)
 
     imp = sub.add_parser("import", help="PyTorch-profiler traces (one per rank) into a recording")
     imp.add_argument("traces", nargs="+", metavar="TRACE", help="a Kineto trace per rank: .json or .json.gz")

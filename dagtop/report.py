@@ -20,6 +20,10 @@ COLLECTIVES_SHOWN = 5
 """The text report names this many collectives, those holding the most of the critical path."""
 
 
+def _gbps(x: float | None) -> str:
+    return "∞" if x is None else f"{x:.3g}"
+
+
 def select(analyses: Sequence[IterationAnalysis], iterations: tuple[int | None, int | None] | None) -> list[IterationAnalysis]:
     """Analyses in ``[A, B)``; without a range, everything past warm-up (all, if that leaves none)."""
     if iterations is None:
@@ -29,10 +33,10 @@ def select(analyses: Sequence[IterationAnalysis], iterations: tuple[int | None, 
     return [a for a in analyses if (lo is None or a.iteration >= lo) and (hi is None or a.iteration < hi)]
 
 
-def load(path: str) -> tuple[Pipeline, bool]:
+def load(path: str, bandwidth_gbps: float | None = None) -> tuple[Pipeline, bool]:
     """Fold a whole recording into a pipeline with an unbounded window; (pipeline, tail cut short)."""
     reader = RecordingReader(path)
-    pipeline = Pipeline(window=None)
+    pipeline = Pipeline(window=None, bandwidth_gbps=bandwidth_gbps)
     batch = []
     for frame in reader:
         batch.append(frame)
@@ -69,7 +73,7 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"dagtop report: {path}: {what}", file=err)
         return Exit.BAD_INPUT
     try:
-        pipeline, truncated = load(path)
+        pipeline, truncated = load(path, getattr(args, "bandwidth", None))
     except (RecordingError, OSError) as exc:
         print(f"dagtop report: {exc}", file=err)
         return Exit.BAD_INPUT
@@ -143,13 +147,23 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
     for f in s.get("interference", ()):
         w(f"interference     {f['lane']}: compute ×{1 + f['factor']:.2f} ± {f['stderr']:.2f} while a collective "
           f"is in flight ({f['samples']} samples of {f['blocks']} blocks); applied to the changes to communication\n")
+    network = s.get("network")
+    if network and network["bus_gbps"] is not None:
+        lo, hi = network["bus_gbps_range"]
+        spread = f" ({lo:.3g}–{_gbps(hi)} at ±1 s.e.)" if network["beta_stderr"] > 0 else ""
+        w(f"network          bus bandwidth {network['bus_gbps']:.3g} GB/s{spread}, latency {network['alpha_us']:.0f} µs "
+          f"(α-β fit on {network['collectives']} collectives of {network['sizes']} sizes)\n")
     if s["what_if"]:
         w("what if          (model replay, median over iterations; throughput in samples/s against now)\n")
         for x in s["what_if"]:
             throughput = f"throughput ×{x['throughput']:.2f}" if x["throughput"] is not None else "-"
             if x["throughput"] is not None and x["workers"] > 1:
                 throughput += f" ({x['throughput'] / x['workers'] * 100:.0f} % scaling efficiency)"
-            w(f"  {x['change']:<22} {x['iteration_ms']:8.1f} ms/it  {throughput}\n")
+            if "iteration_ms_bounds" in x:
+                lo_ms, hi_ms = x["iteration_ms_bounds"]
+                throughput += f", {lo_ms:.1f}–{hi_ms:.1f} ms/it within the fit's ±1 s.e."
+            change = x["change"] if "bandwidth_gbps" not in x else f"network {x['bandwidth_gbps']:.3g} GB/s"
+            w(f"  {change:<22} {x['iteration_ms']:8.1f} ms/it  {throughput}\n")
     for x in s.get("stalls", ()):
         waiting = " · ".join(f"{ranks_text(w['ranks'])} {where(w['task'])}" for w in x["waiting"])
         w(f"stall            rank {x['rank']} silent {x['silent_s']:.1f} s in iteration {x['iteration']}"

@@ -54,6 +54,28 @@ def test_fixture_what_ifs_are_sane(capsys: pytest.CaptureFixture[str]) -> None:
     assert wa["all-reduce ×0.5"]["speedup"] > 1.05 and a["exposed_comm_ms"] > 15
 
 
+def test_a_network_given_as_a_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
+    """The α-β fit's bus bandwidth and its spread; the network what-if at twice it, or at the --bandwidth given,
+    faster for more bandwidth, with the iteration time it would have within the fit's ±1 s.e."""
+    s = report_json(FIXTURES / "demo-allreduce.dagtop", capsys)
+    net = s["network"]
+    lo, hi = net["bus_gbps_range"]
+    assert 0 < lo < net["bus_gbps"] < hi and net["collectives"] > 10
+    w = {x["change"]: x for x in s["what_if"]}
+    twice = w["network bandwidth"]
+    assert twice["bandwidth_gbps"] == pytest.approx(2 * net["bus_gbps"], rel=0.05)  # the fit moves over the run
+    assert twice["iteration_ms_bounds"][0] <= twice["iteration_ms"] <= twice["iteration_ms_bounds"][1]
+    assert w["2N workers"]["iteration_ms_bounds"][0] <= w["2N workers"]["iteration_ms"]
+    fast = {x["change"]: x for x in report_json(FIXTURES / "demo-allreduce.dagtop", capsys, "--bandwidth", "50")[
+        "what_if"]}["network bandwidth"]
+    assert fast["bandwidth_gbps"] == 50 and fast["iteration_ms"] < twice["iteration_ms"]
+    assert main(["report", str(FIXTURES / "demo-allreduce.dagtop"), "--bandwidth", "50"]) == 0
+    assert "network 50 GB/s" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(FIXTURES / "demo-allreduce.dagtop"), "--bandwidth", "0"])
+    assert exit_.value.code == 2 and "must be above 0 GB/s" in capsys.readouterr().err
+
+
 def test_iteration_range_and_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     s = report_json(FIXTURES / "demo-none.dagtop", capsys, "--iterations", "0:5")
     assert (s["first_iteration"], s["last_iteration"], s["iterations"]) == (0, 4, 5)

@@ -158,3 +158,68 @@ def test_interference_keeps_predictions_monotone(events: dict[int, list[Event]],
     assert w["perfect overlap"] <= plain["perfect overlap"] + 1e-9
     assert w["all-reduce ×0.5"] <= plain["all-reduce ×0.5"] + 1e-9
     assert w["all-reduce ×2"] >= plain["all-reduce ×2"] - 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(schedules(), st.floats(1e-12, 1e-8), st.floats(0.0, 1e-8), st.floats(0.1, 10.0))
+def test_network_bandwidth_is_monotone_and_its_bounds_bracket_it(events: dict[int, list[Event]], beta: float,
+                                                                  se: float, faster: float) -> None:
+    """At the fitted bandwidth the network change is the iteration as it is; more bandwidth never slows it, less
+    never speeds it up; the predictions with β ± 1 s.e. bracket the prediction."""
+    from dagtop.model.analysis import _busy
+    from dagtop.model.snapshot import AlphaBeta
+    from dagtop.model.whatif import run_scenarios, scenarios, what_ifs
+
+    dag = assemble(events, {}, {r: 0 for r in events})
+    if len(dag.ranks) < 2 or not dag.collectives:
+        return
+    origin = max(dag.origin.values())
+    busy = _busy(dag)
+    now = (float(dag.b.max()) - origin) / 1e6
+    comm = AlphaBeta(0.0, beta, se, 10, 3)
+
+    def network_ms(gbps: float) -> tuple[float, tuple[float, float] | None]:
+        cases = scenarios(dag, None, comm, busy, gbps)
+        w = {x.change: x for x in what_ifs(now, cases, run_scenarios(dag, cases, origin, busy))}
+        return w["network bandwidth"].iteration_ms, w["network bandwidth"].bounds_ms  # type: ignore[index]
+
+    same, _ = network_ms(comm.bus_gbps)
+    assert same == pytest.approx(now, abs=1e-6)
+    more, bounds = network_ms(comm.bus_gbps * (1 + faster))
+    less, _ = network_ms(comm.bus_gbps / (1 + faster))
+    assert more <= now + 1e-9 <= less + 2e-9
+    if se > 0:
+        assert bounds is not None and bounds[0] - 1e-9 <= more <= bounds[1] + 1e-9
+    else:
+        assert bounds is None
+
+
+def test_alpha_beta_standard_error_matches_the_scatter() -> None:
+    """Noise of known spread around a known line: β's standard error comes out as least squares says it should,
+    and β's true value lies within a few of them."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    workers, alpha, beta, sigma = 4, 50e-6, 1e-9, 200e-6
+    sizes = rng.choice([1 << 20, 4 << 20, 16 << 20, 25 << 20], size=400)
+    fit = CommFit()
+    for m in sizes:
+        fit.add(workers, int(m), 2 * (workers - 1) * alpha + 2 * (workers - 1) / workers * m * beta
+                + rng.normal(0.0, sigma))
+    model = fit.model()
+    assert model is not None and model.samples == 400 and model.sizes == 4
+    per = 2 * (workers - 1) / workers
+    expected_se = sigma / np.sqrt(((sizes - sizes.mean()) ** 2).sum()) / per
+    assert model.beta_se == pytest.approx(expected_se, rel=0.2)
+    assert abs(model.beta_s_per_byte - beta) < 4 * model.beta_se
+    assert model.bus_gbps == pytest.approx(1.0, rel=0.02)  # β = 1 ns/byte: 1 GB/s
+    lo, hi = model.bus_gbps_range
+    assert lo < model.bus_gbps < hi
+
+
+def test_alpha_beta_exact_fit_has_no_spread() -> None:
+    fit = CommFit()
+    for m in (1 << 20, 8 << 20, 1 << 20, 8 << 20):
+        fit.add(2, m, 1e-4 + m * 2e-9)
+    model = fit.model()
+    assert model is not None and model.beta_se == pytest.approx(0.0, abs=1e-15)

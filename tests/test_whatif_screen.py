@@ -11,7 +11,7 @@ from dagtop.model.analysis import analyse
 from dagtop.model.change import Change
 from dagtop.model.dag import assemble
 from dagtop.model.interference import InterferenceFit
-from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.snapshot import AlphaBeta, IterationAnalysis
 from dagtop.ui.renderables.what_if import what_if_table
 from dagtop.ui.screens.what_if import WhatIfDetails
 from tests.test_whatif_interference import iteration
@@ -40,7 +40,22 @@ def test_details_show_the_fit_the_decomposition_and_the_doubts() -> None:
     assert abs(float(found[1]) - 1.4) < 0.05 and float(found[2]) < 0.05
     assert "t_f " in text and "t_b " in text and "t_c " in text and "t_u " in text
     assert "Lower confidence" in text
-    assert f"{Change.ALLREDUCE_DOUBLE}: {Change.ALLREDUCE_DOUBLE.doubt[:30]}" in " ".join(text.split())
+    assert f"{Change.ALLREDUCE_DOUBLE} {Change.ALLREDUCE_DOUBLE.doubt[:30]}" in " ".join(text.split())
+
+
+def test_details_give_the_network_fit_and_the_scaling_within_its_uncertainty() -> None:
+    rng = random.Random(5)
+    events = iteration(rng, 0.4)
+    assert len(events) > 1
+    a = analyse(50, events, {}, {r: 0 for r in events}, comm=AlphaBeta(0.0, 1e-9, 5e-11, 40, 3))
+    text = " ".join(rendered(WhatIfDetails(a)).split())
+    assert "network: bus bandwidth 1 GB/s (0.952–1.05 at ±1 s.e.), latency α 0 µs; fitted on 40 collectives of 3 " \
+           "sizes" in text
+    scaling = re.search(r"2N workers throughput ×([0-9.]+), ×([0-9.]+) to ×([0-9.]+) with β ± 1 s.e.", text)
+    assert scaling is not None and float(scaling[2]) <= float(scaling[1]) <= float(scaling[3])
+    assert re.search(r"network 2 GB/s throughput ×[0-9.]+, ×[0-9.]+ to ×[0-9.]+", text)
+    table = rendered(what_if_table(a, 100))
+    assert "network 2 GB/s ?" in table  # not validated by a re-run: marked
 
 
 def test_details_without_a_fit_say_so() -> None:
@@ -52,6 +67,6 @@ def test_table_marks_only_the_doubtful_changes() -> None:
     a = analysed(fitted=True)
     lines = rendered(what_if_table(a, 100)).splitlines()
     for w in a.what_if:
-        line = next(line for line in lines if str(w.change) in line)
-        assert (f"{w.change} ?" in line) == bool(w.change.doubt)
+        line = next(line for line in lines if w.label in line)
+        assert (f"{w.label} ?" in line) == bool(w.change.doubt)
     assert any(not w.change.doubt for w in a.what_if)  # some changes were validated and carry no mark

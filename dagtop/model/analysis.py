@@ -11,9 +11,9 @@ from dagtop.model.change import Change
 from dagtop.model.dag import ALLREDUCE, COLLECTIVE, RUN, IterationDag, assemble
 from dagtop.model.interference import InterferenceFit
 from dagtop.model.replay import CriticalNodes, critical_nodes, critical_segments, durations, replay, shares
-from dagtop.model.snapshot import NO_TASKS, Collective, IterationAnalysis, RankRow, Segment, Straggler
+from dagtop.model.snapshot import NO_TASKS, AlphaBeta, Collective, IterationAnalysis, RankRow, Segment, Straggler
 from dagtop.model.table import F64, I64, concat_ranges, run_starts
-from dagtop.model.whatif import AlphaBeta, run_scenarios, scenarios, what_ifs
+from dagtop.model.whatif import run_scenarios, scenarios, what_ifs
 from instrument.events import CATEGORIES, CATEGORY_CODE, Event
 
 STRAGGLER_MIN_MS = 1.0
@@ -34,6 +34,7 @@ def analyse(
     with_tasks: bool = True,
     interference: InterferenceFit | None = None,
     learn: bool = False,
+    bandwidth_gbps: float | None = None,
 ) -> IterationAnalysis:
     """Analyse one iteration from the events of the ranks that reported it.
 
@@ -42,12 +43,12 @@ def analyse(
     slowest rank. The prediction is the identity replay of the DAG over the same span.
     """
     dag = assemble(events, offsets, previous_end)
-    return analyse_dag(iteration, dag, complete, comm, with_tasks, interference, learn)
+    return analyse_dag(iteration, dag, complete, comm, with_tasks, interference, learn, bandwidth_gbps)
 
 
 def analyse_dag(
     iteration: int, dag: IterationDag, complete: bool, comm: AlphaBeta | None, with_tasks: bool = True,
-    interference: InterferenceFit | None = None, learn: bool = False,
+    interference: InterferenceFit | None = None, learn: bool = False, bandwidth_gbps: float | None = None,
 ) -> IterationAnalysis:
     """As :func:`analyse`; ``interference``, when given, is read for the what-ifs, then fed this iteration
     (``learn``: not for warm-up iterations)."""
@@ -64,7 +65,7 @@ def analyse_dag(
     busy = _busy(dag)
     deviation = _deviation(dag, busy)
     straggler = _straggler(dag, nodes, end[0], measured_ms, deviation)
-    cases = scenarios(dag, straggler, comm, busy)
+    cases = scenarios(dag, straggler, comm, busy, bandwidth_gbps)
     fitted = tuple(interference.model().values()) if interference is not None else ()
     predicted = run_scenarios(dag, cases, origin, busy, {f.lane: f.applied for f in fitted})
     if interference is not None and learn:
@@ -96,6 +97,7 @@ def analyse_dag(
         per_rank=_rows(dag, busy, deviation, straggler, origin),
         what_if=what_ifs(predicted_ms, cases, predicted),
         interference=fitted,
+        network=comm if len(dag.ranks) > 1 and dag.collectives else None,
     )
 
 

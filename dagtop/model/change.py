@@ -15,6 +15,7 @@ class Change(str, Enum):
     IO_HIDDEN = "I/O hidden"
     STRAGGLER_AT_MEDIAN = "straggler at median"
     DOUBLE_WORKERS = "2N workers"
+    NETWORK = "network bandwidth"
 
     def __str__(self) -> str:
         return self.value
@@ -49,6 +50,7 @@ _CATEGORY = {
     Change.IO_HIDDEN: "io",
     Change.STRAGGLER_AT_MEDIAN: "other",
     Change.DOUBLE_WORKERS: "allreduce",
+    Change.NETWORK: "allreduce",
 }
 
 _ASSUMPTION = {
@@ -61,12 +63,16 @@ _ASSUMPTION = {
     Change.STRAGGLER_AT_MEDIAN: "the straggler's time in its category brought down to the other ranks' median",
     Change.DOUBLE_WORKERS: "twice the ranks, the same batch per rank (weak scaling): compute unchanged, each "
                            "collective longer by the fitted α-β ring model; throughput counts both halves",
+    Change.NETWORK: "the network's bus bandwidth set to the one named (--bandwidth; default twice the fitted): "
+                    "each collective's per-byte time 2(P−1)/P·M·β of the α-β fit redone at it, its latency and the "
+                    "rest of its time unchanged",
 }
 
 _DOUBT = {
     Change.DOUBLE_WORKERS: "not validated: the α-β fit is extrapolated to twice the ranks, and the test machine "
                            "(2 cores) cannot run twice the ranks without measuring core sharing instead",
     Change.ALLREDUCE_DOUBLE: "not validated by a re-run (no job was made to send twice the bytes)",
+    Change.NETWORK: "not validated by a re-run (one machine: the network's bandwidth could not be changed)",
     Change.PERFECT_OVERLAP: "off by 13–35 % on a job whose one 128 MB gloo all-reduce holds the path (the demo's "
                             "--bottleneck allreduce), where the re-runs themselves spread from ×2.7 to ×4.5 on 2 "
                             "shared cores; within 3 % on a small transformer",

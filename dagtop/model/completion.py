@@ -62,8 +62,10 @@ class Completion:
     """
 
     def __init__(self, admission: Admission, clocks: ClockAligner, window: int | None, incomplete_after_ns: int,
-                 task_budget: int) -> None:
+                 task_budget: int, bandwidth_gbps: float | None = None) -> None:
         self.window = window
+        self.bandwidth_gbps = bandwidth_gbps
+        """The bus bandwidth of the ``network bandwidth`` what-if, GB/s (None: twice the fitted)."""
         self.incomplete_after_ns = incomplete_after_ns
         self.task_budget = task_budget
         self.analyses: list[IterationAnalysis] = []
@@ -157,7 +159,8 @@ class Completion:
         previous = {r: end + offsets[r] for r in ranks if (end := states[r].update_end.get(it - 1)) is not None}
         try:
             analysis = analyse(it, events, offsets, previous, complete, self._comm.model(),
-                               interference=self._interference, learn=it >= WARM_UP)
+                               interference=self._interference, learn=it >= WARM_UP,
+                               bandwidth_gbps=self.bandwidth_gbps)
         except Exception as exc:  # noqa: BLE001 - a model bug must not take the monitor down
             self._admission.reject(f"iteration {it} could not be analysed: {type(exc).__name__}: {exc}")
             return None

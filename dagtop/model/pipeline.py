@@ -26,12 +26,12 @@ class Pipeline:
     """
 
     def __init__(self, window: int | None = 120, expected_ranks: int | None = None,
-                 incomplete_after_s: float = 5.0) -> None:
+                 incomplete_after_s: float = 5.0, bandwidth_gbps: float | None = None) -> None:
         self._lock = threading.Lock()
         self._admission = Admission(expected_ranks)
         self._clocks = ClockAligner()
         self._completion = Completion(self._admission, self._clocks, window, int(incomplete_after_s * 1e9),
-                                      TASK_BUDGET)
+                                      TASK_BUDGET, bandwidth_gbps)
         self.liveness = Liveness()
         """Silent, gone and restarted ranks, and stalls."""
         self._finished = False

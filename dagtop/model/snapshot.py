@@ -158,6 +158,44 @@ class Interference:
 
 
 @dataclass(frozen=True, slots=True)
+class AlphaBeta:
+    """Ring all-reduce cost t(P, M) = 2(P−1)α + 2(P−1)/P · M · β (seconds, bytes), fitted on the job's own
+    collectives (:class:`dagtop.model.whatif.CommFit`), with the standard error of β."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+    beta_se: float = 0.0
+    """Standard error of β (s/byte); 0 where the fit cannot say (fewer than three collectives)."""
+    samples: int = 0
+    sizes: int = 0
+    """Distinct bucket sizes among the samples: with one, α is taken as 0 (the line through the origin)."""
+
+    def seconds(self, workers: int, nbytes: float, beta: float | None = None) -> float:
+        """t(P, M), with ``beta`` in place of the fitted β if given."""
+        if workers <= 1:
+            return 0.0
+        b = self.beta_s_per_byte if beta is None else beta
+        return 2 * (workers - 1) * self.alpha_s + 2 * (workers - 1) / workers * nbytes * b
+
+    @property
+    def bus_gbps(self) -> float:
+        """1/β in GB/s: the bus bandwidth, as nccl-tests reports it (bytes × 2(P−1)/P per second)."""
+        return 1e-9 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else float("inf")
+
+    @property
+    def bus_gbps_range(self) -> tuple[float, float]:
+        """The bus bandwidth with β one standard error up and down (the slower bound first)."""
+        b, se = self.beta_s_per_byte, self.beta_se
+        return (1e-9 / (b + se) if b + se > 0 else float("inf"), 1e-9 / (b - se) if b - se > 0 else float("inf"))
+
+    def describe(self) -> str:
+        lo, hi = self.bus_gbps_range
+        spread = f" ({lo:.3g}–{hi:.3g} at ±1 s.e.)" if self.beta_se > 0 else ""
+        return (f"bus bandwidth {self.bus_gbps:.3g} GB/s{spread}, latency α {self.alpha_s * 1e6:.0f} µs; "
+                f"fitted on {self.samples} collectives of {self.sizes} size{'s' if self.sizes != 1 else ''}")
+
+
+@dataclass(frozen=True, slots=True)
 class WhatIf:
     """The model's prediction for one change."""
 
@@ -165,6 +203,18 @@ class WhatIf:
     iteration_ms: float
     speedup: float
     """Iteration time now over iteration time with the change (above 1: faster iterations)."""
+    bounds_ms: tuple[float, float] | None = None
+    """The iteration time with the fitted β one standard error down and up, for the changes that rest on the α-β
+    fit (``2N workers``, ``network bandwidth``): how far the prediction moves within the fit's uncertainty."""
+    bandwidth_gbps: float | None = None
+    """``network bandwidth``: the bus bandwidth it assumes, GB/s (``--bandwidth``; default twice the fitted)."""
+
+    @property
+    def label(self) -> str:
+        """The change as the screen names it: ``network 4.8 GB/s`` for a bandwidth, else the change."""
+        if self.bandwidth_gbps is not None:
+            return f"network {self.bandwidth_gbps:.3g} GB/s"
+        return str(self.change)
 
     @property
     def throughput(self) -> float:
@@ -255,6 +305,8 @@ class IterationAnalysis:
     steady: SteadyVerdict | None = None
     """The steady verdict as of this iteration: set by the pipeline, which sees the iterations before it."""
     interference: tuple[Interference, ...] = ()
+    network: AlphaBeta | None = None
+    """The α-β fit the scaling what-ifs used (None with one rank, or before any collective was timed)."""
     """The compute slow-down under collectives fitted up to this iteration, per lane, that its what-ifs used."""
 
     def __post_init__(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
             "critical_path": {c: (1.0 if c == "other" else 0.0) for c in CATEGORIES}, "bottleneck": "other",
             "straggler": None, "predicted_iteration_ms": 0.0, "model_error": 0.0, "what_if": [],
             "exposed_comm_ms": 0.0, "communication_seen": False, "overlap_ratio": 1.0, "incomplete_iterations": 0,
-            "decomposition": {}, "interference": [],
+            "decomposition": {}, "interference": [], "network": None,
         }
     measured = [a.measured_ms for a in complete]
     path_ms = dict.fromkeys(CATEGORIES, 0.0)
@@ -63,6 +64,8 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
                 "busy_excess_ms": statistics.median(s.busy_excess_ms for s in mine),
             }
     changes: dict[Change, list[float]] = {}
+    bounds: dict[Change, list[tuple[float, float]]] = {}
+    bandwidth: dict[Change, float] = {}
     for a in complete:
         for w in a.what_if:
             if w.change is Change.STRAGGLER_AT_MEDIAN and (
@@ -70,14 +73,25 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
             ):
                 continue  # only where the job's straggler was the iteration's
             changes.setdefault(w.change, []).append(w.iteration_ms)
+            if w.bounds_ms is not None:
+                bounds.setdefault(w.change, []).append(w.bounds_ms)
+            if w.bandwidth_gbps is not None:
+                bandwidth[w.change] = w.bandwidth_gbps  # the last: it follows the fit as the run goes
     parts = [decomposition(a.critical_path) for a in complete]
     what_if = []
     for change, values in changes.items():
         ms = statistics.median(values)
         speedup = predicted / ms if ms > 0 else None
-        what_if.append({"change": change.value, "iteration_ms": ms, "speedup": speedup, "workers": change.workers,
-                        "throughput": speedup * change.workers if speedup is not None else None,
-                        "iterations": len(values)})
+        entry: dict[str, Any] = {"change": change.value, "iteration_ms": ms, "speedup": speedup, "workers": change.workers,
+                 "throughput": speedup * change.workers if speedup is not None else None,
+                 "iterations": len(values)}
+        if change in bounds:
+            entry["iteration_ms_bounds"] = [statistics.median(lo for lo, _ in bounds[change]),
+                                            statistics.median(hi for _, hi in bounds[change])]
+        if change in bandwidth:
+            entry["bandwidth_gbps"] = bandwidth[change]
+        what_if.append(entry)
+    network = next((a.network for a in reversed(complete) if a.network is not None), None)
     return {
         "ranks": max(len(a.ranks) for a in complete),
         "iterations": len(complete),
@@ -98,7 +112,17 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
         # The fit as of the last iteration (it grows over the run): compute's slow-down under collectives, per lane.
         "interference": [{"lane": f.lane, "factor": f.factor, "stderr": f.stderr, "applied": f.applied,
                           "samples": f.samples, "blocks": f.blocks} for f in complete[-1].interference],
+        # The α-β fit as of the last iteration that had one: what 2N workers and network bandwidth rest on.
+        "network": None if network is None else {
+            "bus_gbps": _finite(network.bus_gbps), "bus_gbps_range": [_finite(g) for g in network.bus_gbps_range],
+            "alpha_us": network.alpha_s * 1e6, "beta_s_per_byte": network.beta_s_per_byte,
+            "beta_stderr": network.beta_se, "collectives": network.samples, "sizes": network.sizes},
     }
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: a bandwidth without a per-byte cost (β = 0) is null."""
+    return x if math.isfinite(x) else None
 
 
 def collectives(analyses: Sequence[IterationAnalysis]) -> list[dict[str, Any]]:

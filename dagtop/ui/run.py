@@ -13,6 +13,7 @@ from typing import Any
 
 from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
+from dagtop.model.pipeline import Pipeline
 from dagtop.recording import RecordingError
 from dagtop.sources import BindError, FrameSource, RecordingSource, ZmqSource
 from dagtop.telemetry import TelemetrySampler
@@ -63,12 +64,13 @@ def run_live(args: argparse.Namespace) -> int:
     except BindError as exc:
         print(f"dagtop: {exc}", file=sys.stderr)
         return Exit.CANNOT_BIND
+    pipeline = Pipeline(expected_ranks=args.ranks, bandwidth_gbps=getattr(args, "bandwidth", None))
     if getattr(args, "metrics_port", None) is None:
-        return _run(source, expected_ranks=args.ranks, frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
+        return _run(source, expected_ranks=args.ranks, pipeline=pipeline,
+                    frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
     from dagtop.interop.metrics import MetricsError, MetricsServer
-    from dagtop.model.pipeline import Pipeline
 
-    pipeline = Pipeline(expected_ranks=args.ranks)  # the screen's own: Prometheus sees what the screen shows
+    # The screen's own pipeline: Prometheus sees what the screen shows.
     try:
         server = MetricsServer(pipeline.snapshot, args.metrics_port)
     except MetricsError as exc:
@@ -95,6 +97,7 @@ def run_replay(args: argparse.Namespace) -> int:
         return Exit.BAD_INPUT
     speed = "" if args.speed <= 0 else f" ×{args.speed:g}"
     return _run(source, source_label=f"replay {path.name}{speed}",
+                pipeline=Pipeline(bandwidth_gbps=getattr(args, "bandwidth", None)),
                 frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
 
 

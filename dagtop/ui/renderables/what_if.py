@@ -47,7 +47,7 @@ def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False
     table.add_row(*now, *([""] if bar_w else []),
                   *([f"measured {analysis.measured_ms:.1f} ms; {Change.IDENTITY.assumption}"] if explain else []))
     for w in sorted(analysis.what_if, key=lambda w: -w.throughput):
-        change = Text(str(w.change), style=colour(w.change.category))
+        change = Text(w.label, style=colour(w.change.category))
         if w.change.doubt:  # not validated within 10 % of a real re-run: the screen says why
             change.append(" ?", style="yellow")
         if narrow:

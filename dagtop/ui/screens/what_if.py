@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -52,10 +52,11 @@ class WhatIfDetails:
         assumes = _grid()
         assumes.add_row(Text(str(Change.IDENTITY), style="bold"), Change.IDENTITY.assumption)
         for w in sorted(a.what_if, key=lambda w: -w.throughput):
-            assumes.add_row(Text(str(w.change), style=f"bold {colour(w.change.category)}"), w.change.assumption)
+            assumes.add_row(Text(w.label, style=f"bold {colour(w.change.category)}"), w.change.assumption)
         yield Group(intro, Text(""), what_if_table(a, options.max_width), Text(""), columns, Text(""),
                     Text("What each change assumes", style="bold underline"), assumes, Text(""),
                     Text("Where it came from", style="bold underline"), _decomposition(a), _interference(a),
+                    _scaling(a),
                     Text(""), _confidence(a), Text(""),
                     Text("Every other task keeps its measured duration and order, except compute that ran under a "
                          "collective: a change to communication rescales it by the interference fitted above.",
@@ -78,16 +79,35 @@ def _interference(a: IterationAnalysis) -> Text:
                 + ". Applied where a change adds or removes overlap.")
 
 
-def _confidence(a: IterationAnalysis) -> Text:
+def _scaling(a: IterationAnalysis) -> RenderableType:
+    """The α-β fit the scaling changes rest on, and how far their predictions move within its uncertainty."""
+    if a.network is None:
+        return Text("network: no α-β fit yet (one rank, or no collective timed past warm-up); no scaling "
+                    "what-ifs", style="dim")
+    rows = _grid()
+    for w in a.what_if:
+        if w.bounds_ms is None:
+            continue
+        fast, slow = w.bounds_ms
+        workers = w.change.workers
+        low, high = a.predicted_ms / slow * workers, a.predicted_ms / fast * workers
+        said = f"throughput ×{w.throughput:.3f}, ×{low:.3f} to ×{high:.3f} with β ± 1 s.e."
+        if workers > 1:
+            said += f" (scaling efficiency {low / workers * 100:.1f}–{high / workers * 100:.1f} %)"
+        rows.add_row(Text(w.label, style=colour(w.change.category)), said)
+    return Group(Text(f"network: {a.network.describe()}."), rows)
+
+
+def _confidence(a: IterationAnalysis) -> RenderableType:
     """The changes whose predictions were not validated within 10 % of a real re-run, with the reason."""
-    low = [w.change for w in a.what_if if w.change.doubt]
+    low = [w for w in a.what_if if w.change.doubt]
     if not low:
         return Text("Every change shown was validated within 10 % of a real re-run (benchmarks/validate_whatif.py).",
                     style="dim")
-    text = Text("Lower confidence (? in the table):", style="bold yellow")
-    for change in low:
-        text.append(f"\n  {change}: {change.doubt}", style="yellow")
-    return text
+    reasons = _grid()
+    for w in low:
+        reasons.add_row(Text(w.label, style="yellow"), Text(w.change.doubt, style="yellow"))
+    return Group(Text("Lower confidence (? in the table)", style="bold yellow"), reasons)
 
 
 class WhatIfScreen(ModalScreen[None]):
