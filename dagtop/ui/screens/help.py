@@ -31,7 +31,7 @@ PANELS = (
     ("status", "source, ranks connected / expected, iteration shown, iterations/s, lag, frames lost"),
     ("verdict", "steady bottleneck and late rank over 20 iterations, then the iteration shown"),
     ("timeline", "a Gantt chart of the iteration: a row per rank and lane, collectives, critical path"),
-    ("ranks", "ms per category per rank; Δ busy: its work minus the other ranks' median; ◀ straggler"),
+    ("ranks", "ms per category per rank; Δ busy: its work minus the others' median; ◀ straggler"),
     ("what if…", "the model's predicted ms per iteration and throughput for each change (w: details)"),
     ("history", "recent iterations' times, each bar stacked by its critical-path categories"),
     ("telemetry", "the job's hosts and GPUs as its ranks report them (else this machine, live only)"),
