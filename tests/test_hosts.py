@@ -124,7 +124,12 @@ def _run_job(a: Host, b: Host, offset_s: int, out: Path) -> tuple[dict, int]:  #
                   extra={"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": a.address,
                          "MASTER_PORT": master_port, "GLOO_SOCKET_IFNAME": host.link,
                          "DAGTOP_ENDPOINT": f"tcp://127.0.0.1:{relay_port}"})
-        assert recorder.wait(WAIT_S * 4) == 0, (out / f"offset{offset_s}.log").read_text(errors="replace")
+        try:
+            code: int | None = recorder.wait(WAIT_S * 4)
+        except subprocess.TimeoutExpired:  # fail with what every process said, not a bare timeout
+            code = None
+        log.flush()
+        assert code == 0, f"recorder exit {code}:\n" + (out / f"offset{offset_s}.log").read_text(errors="replace")[-6000:]
     finally:
         for proc in procs:
             if proc.poll() is None:
