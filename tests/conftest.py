@@ -3,6 +3,7 @@ on conditions, no stopwatch in hypothesis, and a check that the run leaves no pr
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -168,3 +169,11 @@ def collector(endpoint: str) -> Iterator[Collector]:
 def make_collector() -> Iterator[type[Collector]]:
     """The Collector class, for tests that start a monitor themselves (late, or going away)."""
     yield Collector
+
+
+@pytest.fixture(autouse=True)
+def _gc_unfrozen() -> Iterator[None]:
+    """A collector run in a test freezes what it folded (dagtop/ui/collector.py): thawed after each test, so no
+    test inherits another's frozen objects."""
+    yield
+    gc.unfreeze()

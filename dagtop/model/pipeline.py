@@ -113,9 +113,17 @@ class Pipeline:
         notes = list(self._clocks.notes())
         if admission.held:
             notes.append(f"{len(admission.held)} frames held until a hello says how many ranks there are")
+        # Ranks on one host share their clock's offset: looked up once a host, not once a rank (each look-up finds
+        # the reference host among all the ranks: quadratic in the ranks, 10 ms a snapshot at 1024).
+        offsets: dict[str | None, int] = {}
+        for r in admission.ranks:
+            host = self._clocks.host.get(r)
+            if host not in offsets:
+                offsets[host] = self._clocks.offset(r)
         return Snapshot(
             iterations=tuple(analyses),
-            ranks=tuple(self._rank_info(r, s, dead) for r, s in sorted(admission.ranks.items())),
+            ranks=tuple(self._rank_info(r, s, dead, offsets[self._clocks.host.get(r)])
+                        for r, s in sorted(admission.ranks.items())),
             ranks_expected=admission.world or 0,
             iterations_per_s=1000.0 / statistics.median(recent) if recent else 0.0,
             dropped=self.dropped,
@@ -137,7 +145,7 @@ class Pipeline:
             self._telemetry_shown = latest
         return self._telemetry_shown
 
-    def _rank_info(self, rank: int, s: RankState, dead: set[int]) -> RankInfo:
+    def _rank_info(self, rank: int, s: RankState, dead: set[int], clock_offset_ns: int) -> RankInfo:
         h = s.hello
         return RankInfo(
             rank=rank,
@@ -148,6 +156,6 @@ class Pipeline:
             params=h.params if h else 0,
             last_iteration=s.last_iteration,
             last_seen_ns=s.last_seen_ns,
-            clock_offset_ns=self._clocks.offset(rank),
+            clock_offset_ns=clock_offset_ns,
             connected=s.bye is None and not self._finished and rank not in dead,
         )

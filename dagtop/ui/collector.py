@@ -7,6 +7,7 @@ up and the screen cannot fall behind the job.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,11 @@ BATCH_S = 0.1
 and is folded in one batch (one lock, one settle), not a thread wake-up per rank's frame."""
 MAX_BATCH = 5_000
 """Frames folded per poll at most, so a replay at full speed still publishes snapshots as it goes."""
+THAW_EVERY_S = 60.0
+"""How often what folding froze out of the garbage collector's scans is put back and collected once (see
+:meth:`Collector.fold`): what bounds how long a reference cycle caught by a freeze outlives its use (some 80 000
+objects at 1024 ranks). One full collection: about half a second at 1024 ranks of 400 events (their tasks),
+milliseconds at tens of ranks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ class Collector:
         self._dirty = False
         self._telemetry_new = False
         self._finished = False
+        self._thawed_at = time.monotonic()
 
     def step(self) -> None:
         """One poll and fold; publishes when due. Call repeatedly from one thread."""
@@ -85,7 +92,7 @@ class Collector:
         else:
             frames = self.source.poll(POLL_S, MAX_BATCH)
             if frames:
-                self.pipeline.feed(frames)
+                self.fold(frames)
                 self.frames_folded += len(frames)
                 self._dirty = True
             if self.source.finished:
@@ -103,6 +110,39 @@ class Collector:
             self._last_publish_ns = now
         if frames and self.source.live:
             time.sleep(max(0.0, BATCH_S - (time.monotonic_ns() - started) / 1e9))
+
+    def fold(self, frames: list[RawFrame]) -> None:
+        """Feed the pipeline with the cyclic garbage collector held off, then freeze what folding made.
+
+        An iteration's analysis makes a task tuple per event (400 000 at 1024 ranks of 400 events), kept while it
+        stays in the window and freed by reference counts when it leaves: they hold no reference cycle, but the
+        collector cannot know. It walks each in every young collection it lives through, then in the full
+        collections, which come whenever what survived has grown by a quarter: at 1024 ranks more than half the
+        folding time, in pauses of up to a second that stop the UI thread too, and a monitor that falls behind
+        holds more and collects longer (benchmarks/bench_scale.py). Folding makes no cycles (past the first
+        iteration's imports), so no collection runs meanwhile, and ``gc.freeze`` then takes what is alive out of
+        every later scan (it is still freed by its reference counts).
+
+        What came since the last freeze (the UI thread's objects, the snapshots: little) is collected first, so
+        that the garbage among it is not frozen. A cycle frozen alive that dies later (the UI thread's: some 1 300
+        objects a second at 1024 ranks) waits for the next thaw, every :data:`THAW_EVERY_S`: all put back,
+        collected once, frozen again.
+        """
+        if not gc.isenabled():  # whoever turned the collector off is managing it
+            self.pipeline.feed(frames)
+            return
+        gc.collect()  # only what is not frozen: what came since the last freeze
+        gc.disable()
+        try:
+            self.pipeline.feed(frames)
+            gc.freeze()  # before any allocation after enable() would start a collection of all the fold made
+        finally:
+            gc.enable()
+        if time.monotonic() - self._thawed_at >= THAW_EVERY_S:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            self._thawed_at = time.monotonic()
 
     def publish(self, error: str | None = None) -> None:
         """Make the latest update: a new snapshot only if the model changed (the screen redraws on a new one)."""
