@@ -1,6 +1,7 @@
 """Scale benchmark: many synthetic ranks, through relays, to a real monitor process on a real screen.
 
     python benchmarks/bench_scale.py [--ranks 64,256,1024] [--tasks 400] [--rate 1] [--relays 8] [--seconds 30]
+                                     [--direct] [--shared-sockets]
 
 For each rank count: the monitor runs as a user runs it, ``dagtop --bind … --ranks N --refresh 0.25`` in a 120x36
 tmux pane (private server ``tmux -L benchscale``); ``--relays`` ``dagtop relay`` processes sit between it and the
@@ -8,6 +9,15 @@ ranks; publisher processes send every rank's frames, each rank on its own PUB so
 (ranks split evenly across relays), one ``iter`` frame of ``--tasks`` events per rank per iteration at ``--rate``
 iterations/s (a synthetic WFBP job, dagtop/model/synthetic.py). Every frame is simulated and encoded before the
 clock starts: sending is replaying bytes from memory, the least a sender can cost.
+
+Three ways to place the senders, since on a small machine they take the cores the monitor would have:
+
+- default: as deployed, the ranks' frames through ``--relays`` relays, one PUB socket a rank: the monitor, the
+  relays and the ranks' sending all on this machine;
+- ``--shared-sockets``: the same relays, but each publisher process sends all its ranks over one PUB socket per
+  relay: the same frames for the relays and the monitor, the senders' own cost cut to the least;
+- ``--direct``: no relays, the publishers send straight to the monitor's socket (with ``--shared-sockets``: over
+  one socket each): the monitor side measured alone, with pre-encoded frames, as near as one machine allows.
 
 Measured, over the ``--seconds`` after a ``--warmup``:
 
@@ -81,19 +91,26 @@ def encode_job(job: SyntheticJob, iterations: int) -> list[list[bytes]]:
     return by_rank
 
 
-def publish(endpoints: list[str], ranks: list[int], rate: float, go: Any, lateness: Any) -> None:
-    """One publisher process: ranks ``ranks``, each on its own PUB socket to ``endpoints[rank % len]``."""
+def publish(endpoints: list[str], ranks: list[int], rate: float, go: Any, lateness: Any,
+            shared: bool = False) -> None:
+    """One publisher process: ranks ``ranks``, each on its own PUB socket to ``endpoints[rank % len]`` as a rank's
+    shim would send; ``shared``: one PUB socket per endpoint for all of them (the cheapest sender: one pipe to
+    wake, not one a rank; the frames are the same bytes, and the monitor reads the rank from each frame)."""
     import zmq
 
     context = zmq.Context()
     context.set(zmq.MAX_SOCKETS, len(ranks) + 64)
+    by_endpoint: dict[str, Any] = {}
     sockets = {}
     for r in ranks:
-        sock = context.socket(zmq.PUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.connect(endpoints[r % len(endpoints)])
-        sockets[r] = sock
+        endpoint = endpoints[r % len(endpoints)]
+        if not shared or endpoint not in by_endpoint:
+            sock = context.socket(zmq.PUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 10_000)
+            sock.connect(endpoint)
+            by_endpoint[endpoint] = sock
+        sockets[r] = by_endpoint[endpoint]
     iterations = len(_FRAMES[ranks[0]]) - 1
     go.wait(120)
     start = time.monotonic()
@@ -113,7 +130,7 @@ def publish(endpoints: list[str], ranks: list[int], rate: float, go: Any, latene
                 pass
     late.sort()
     lateness.value = max(lateness.value, late[int(0.95 * (len(late) - 1))] if late else 0.0)
-    for sock in sockets.values():
+    for sock in set(sockets.values()):
         sock.close(linger=0)
     context.term()
 
@@ -166,14 +183,16 @@ def measure(ranks: int, args: argparse.Namespace, workdir: Path) -> Result:
     command = f"exec env -u COLUMNS -u LINES DAGTOP_STATS={shlex.quote(str(stats))} " + shlex.join(monitor)
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "36", command)
     monitor_process = psutil.Process(int(tmux("display-message", "-p", "-t", session, "#{pane_pid}").stdout.strip()))
-    relay_endpoints = [free_endpoint() for _ in range(min(args.relays, ranks))]
+    relay_endpoints = [] if args.direct else [free_endpoint() for _ in range(min(args.relays, ranks))]
     relays = [subprocess.Popen([sys.executable, "-m", "dagtop.cli", "relay", "--bind", e, "--to", endpoint,
                                 "--every", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
               for e in relay_endpoints]
     go, late = mp.get_context("fork").Event(), mp.get_context("fork").Value("d", 0.0)
     groups = [list(range(ranks))[g::args.publishers] for g in range(min(args.publishers, ranks))]
-    publishers = [mp.get_context("fork").Process(target=publish, args=(relay_endpoints, g, args.rate, go, late),
-                                                 daemon=True) for g in groups]
+    targets = relay_endpoints or [endpoint]  # --direct: the publishers connect to the monitor itself
+    publishers = [mp.get_context("fork").Process(target=publish, args=(targets, g, args.rate, go, late,
+                                                                       args.shared_sockets), daemon=True)
+                  for g in groups]
     relay_lines: list[str] = []
     try:
         time.sleep(args.startup)  # the monitor's imports and bind
@@ -246,6 +265,11 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=3, help="all-reduce buckets per iteration (default %(default)s)")
     parser.add_argument("--rate", type=float, default=1.0, help="iterations/s every rank sends (default %(default)s)")
     parser.add_argument("--relays", type=int, default=8, help="dagtop relay processes (default %(default)s)")
+    parser.add_argument("--direct", action="store_true",
+                        help="no relays: the publishers send straight to the monitor (the monitor side alone)")
+    parser.add_argument("--shared-sockets", action="store_true",
+                        help="each publisher process sends all its ranks over one PUB socket per relay (or to the "
+                             "monitor, with --direct), not one socket a rank: the cheapest sender")
     parser.add_argument("--publishers", type=int, default=2, help="publisher processes (default %(default)s)")
     parser.add_argument("--refresh", type=float, default=0.25, help="the monitor's --refresh (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=8.0, help="seconds sent before measuring (default %(default)s)")
@@ -256,8 +280,10 @@ def main() -> None:
     if shutil.which("tmux") is None:
         sys.exit("bench_scale: needs tmux")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    route = "no relays (--direct)" if args.direct else f"{args.relays} relays"
+    sockets = "one PUB socket per destination (--shared-sockets)" if args.shared_sockets else "one PUB socket a rank"
     print(f"scale: {os.cpu_count()} cores, load average {load}; {args.rate:g} it/s, ~{args.tasks} events a rank, "
-          f"{args.relays} relays, {args.publishers} publisher processes, --refresh {args.refresh:g}; "
+          f"{route}, {args.publishers} publisher processes, {sockets}, --refresh {args.refresh:g}; "
           f"{args.seconds:g} s measured after {args.warmup:g} s")
     print(f"{'ranks':>5}  {'events/s':>9}  {'lag p50':>7}  {'lag p95':>7}  {'frames/s':>8}  {'monitor CPU':>11}  "
           f"{'RSS MB':>6}  {'relays CPU':>10}  {'pubs CPU':>8}  shown/sent  publishers on time")

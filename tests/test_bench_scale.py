@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import bench_scale
 from bench_scale import encode_job, shown_iteration
 
+from dagtop.demo.launch import free_endpoint
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.synthetic import SyntheticJob
 from dagtop.recording import RawFrame
@@ -45,3 +52,29 @@ def test_the_shown_iteration_is_read_from_the_status_line() -> None:
     assert shown_iteration(screen) == 17
     assert shown_iteration(" dagtop │ ranks 0/64 │ no iteration yet") is None
     assert shown_iteration("") is None
+
+
+def test_shared_sockets_send_every_ranks_frames_over_one_socket() -> None:
+    job = SyntheticJob(ranks=4, blocks=2)
+    bench_scale._FRAMES[:] = encode_job(job, iterations=2)
+    endpoint = free_endpoint()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.bind(endpoint)
+    go, late = threading.Event(), SimpleNamespace(value=0.0)
+    go.set()
+    try:
+        time.sleep(0.3)  # the publisher's subscription, before its first iteration (a second after go)
+        sender = threading.Thread(target=bench_scale.publish, args=([endpoint], [0, 1, 2, 3], 10.0, go, late, True))
+        sender.start()
+        iterations: list[tuple[int, int]] = []  # the hellos, sent at once, may come before the subscription
+        deadline = time.monotonic() + 10
+        while len(iterations) < 8 and time.monotonic() < deadline:
+            if sub.poll(100) and isinstance(frame := wire.decode(sub.recv()), wire.IterationBatch):
+                iterations.append((frame.rank, frame.iteration))
+        sender.join(10)
+    finally:
+        sub.close(linger=0)
+        bench_scale._FRAMES.clear()
+    assert sorted(iterations) == [(r, i) for r in range(4) for i in range(2)]
