@@ -152,7 +152,8 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
         lo, hi = network["bus_gbps_range"]
         spread = f" ({lo:.3g}–{_gbps(hi)} at ±1 s.e.)" if network["beta_stderr"] > 0 else ""
         w(f"network          bus bandwidth {network['bus_gbps']:.3g} GB/s{spread}, latency {network['alpha_us']:.0f} µs "
-          f"(α-β fit on {network['collectives']} collectives of {network['sizes']} sizes)\n")
+          f"(α-β fit on {network['collectives']} collectives, {network['sizes']} transfer "
+          f"size{'s' if network['sizes'] != 1 else ''})\n")
     if s["what_if"]:
         w("what if          (model replay, median over iterations; throughput in samples/s against now)\n")
         for x in s["what_if"]:

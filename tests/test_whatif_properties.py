@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -223,3 +225,67 @@ def test_alpha_beta_exact_fit_has_no_spread() -> None:
         fit.add(2, m, 1e-4 + m * 2e-9)
     model = fit.model()
     assert model is not None and model.beta_se == pytest.approx(0.0, abs=1e-15)
+
+
+def _collective(name: str, nbytes: int, ready: tuple[int, int], start: int, end: int) -> Any:
+    from dagtop.model.snapshot import Collective
+
+    return Collective(name, nbytes, dict(enumerate(ready)), start, end, 0)
+
+
+def test_collectives_in_flight_together_are_one_transfer() -> None:
+    from dagtop.model.whatif import transfers
+
+    ms = 1_000_000
+    together = [_collective("bucket 0", 3 << 20, (10 * ms, 12 * ms), 12 * ms, 200 * ms),
+                _collective("bucket 1", 8 << 20, (40 * ms, 50 * ms), 200 * ms, 500 * ms),  # issued before 200 ms
+                _collective("bucket 2", 1 << 20, (600 * ms, 601 * ms), 601 * ms, 650 * ms)]  # after: alone
+    assert transfers(together) == [(2, 11 << 20, 0.488), (1, 1 << 20, 0.049)]
+    # A GPU stream: each kernel starts (is ready) when the one before it ends: every collective alone.
+    serial = [_collective(f"bucket {i}", 1 << 20, (i * 10 * ms, i * 10 * ms), i * 10 * ms, (i + 1) * 10 * ms)
+              for i in range(3)]
+    assert transfers(serial) == [(1, 1 << 20, 0.01)] * 3
+
+
+def test_two_buckets_sharing_a_link_give_the_link_s_bandwidth() -> None:
+    """gloo all-reduces two buckets at once over a 25 MB/s link; the model sees the second start when the first
+    ends, so the first looks slow and the second fast. Fitted on the transfers, the bandwidth is the link's;
+    fitted on each collective alone, as before, it was not."""
+    from dagtop.model.whatif import transfers
+
+    rate = 25e6  # bytes/s: 200 Mbit/s
+    fit, alone = CommFit(), CommFit()
+    for i in range(20):
+        small, big = (3 + i % 3) << 20, (8 + i % 4) << 20
+        ready0, ready1 = 40e-3, 70e-3
+        # Alone until the second is issued, then each at half the rate until the first is done.
+        first_alone = (ready1 - ready0) * rate
+        end0 = ready1 + 2 * (small - first_alone) / rate
+        end1 = end0 + (big - (end0 - ready1) * rate / 2) / rate
+        ns = [int(x * 1e9) for x in (ready0, ready1, end0, end1)]
+        cs = [_collective("bucket 0", small, (ns[0], ns[0]), ns[0], ns[2]),
+              _collective("bucket 1", big, (ns[1], ns[1]), ns[2], ns[3])]
+        for count, nbytes, seconds in transfers(cs):
+            fit.add(2, nbytes, seconds, count)
+        for c in cs:
+            alone.add(2, c.bytes, (c.end_ns - c.start_ns) / 1e9)
+    model, naive = fit.model(), alone.model()
+    assert model is not None and naive is not None
+    assert model.bus_gbps == pytest.approx(rate / 1e9, rel=0.01)
+    assert abs(naive.bus_gbps - rate / 1e9) > 0.1 * rate / 1e9  # what the fit per collective made of it
+
+
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1_000, 10**8)), min_size=3, max_size=20),
+       st.floats(1e-6, 1e-3), st.floats(1e-11, 1e-8))
+def test_alpha_beta_fit_recovers_the_ring_model_from_transfers(samples: list[tuple[int, int]], alpha: float,
+                                                               beta: float) -> None:
+    workers = 4
+    fit = CommFit()
+    for k, m in samples:
+        fit.add(workers, m, k * 2 * (workers - 1) * alpha + 2 * (workers - 1) / workers * m * beta, k)
+    model = fit.model()
+    assert model is not None
+    for k, m in samples:  # whatever the fit could tell apart, it reproduces what it saw
+        seen = k * 2 * (workers - 1) * alpha + 2 * (workers - 1) / workers * m * beta
+        assert k * 2 * (workers - 1) * model.alpha_s + 2 * (workers - 1) / workers * m * model.beta_s_per_byte == \
+            pytest.approx(seen, rel=1e-3)

@@ -17,7 +17,7 @@ from dagtop.model.analysis import analyse
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.interference import InterferenceFit
 from dagtop.model.snapshot import NO_TASKS, WARM_UP, IterationAnalysis
-from dagtop.model.whatif import CommFit
+from dagtop.model.whatif import CommFit, transfers
 from dagtop.recording import RawFrame
 from instrument import wire
 
@@ -165,8 +165,8 @@ class Completion:
             self._admission.reject(f"iteration {it} could not be analysed: {type(exc).__name__}: {exc}")
             return None
         if it >= WARM_UP:  # warm-up buckets are not the job's: keep them out of the fit
-            for c in analysis.collectives:
-                self._comm.add(len(analysis.ranks), c.bytes, (c.end_ns - c.start_ns) / 1e9)
+            for count, nbytes, seconds in transfers(analysis.collectives):
+                self._comm.add(len(analysis.ranks), nbytes, seconds, count)
         return analysis
 
     def _remember(self, it: int) -> None:

@@ -168,7 +168,7 @@ class AlphaBeta:
     """Standard error of β (s/byte); 0 where the fit cannot say (fewer than three collectives)."""
     samples: int = 0
     sizes: int = 0
-    """Distinct bucket sizes among the samples: with one, α is taken as 0 (the line through the origin)."""
+    """Distinct sizes among the transfers fitted (bytes of the collectives in flight together)."""
 
     def seconds(self, workers: int, nbytes: float, beta: float | None = None) -> float:
         """t(P, M), with ``beta`` in place of the fitted β if given."""
@@ -192,7 +192,7 @@ class AlphaBeta:
         lo, hi = self.bus_gbps_range
         spread = f" ({lo:.3g}–{hi:.3g} at ±1 s.e.)" if self.beta_se > 0 else ""
         return (f"bus bandwidth {self.bus_gbps:.3g} GB/s{spread}, latency α {self.alpha_s * 1e6:.0f} µs; "
-                f"fitted on {self.samples} collectives of {self.sizes} size{'s' if self.sizes != 1 else ''}")
+                f"fitted on {self.samples} collectives, {self.sizes} transfer size{'s' if self.sizes != 1 else ''}")
 
 
 @dataclass(frozen=True, slots=True)

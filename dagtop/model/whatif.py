@@ -11,7 +11,7 @@ from dagtop.model.change import Change
 from dagtop.model.dag import ALLREDUCE, IterationDag
 from dagtop.model.interference import COMPUTE, compute_factors, node_overlap
 from dagtop.model.replay import durations, replay
-from dagtop.model.snapshot import AlphaBeta, Segment, Straggler, WhatIf
+from dagtop.model.snapshot import AlphaBeta, Collective, Segment, Straggler, WhatIf
 from dagtop.model.table import F64
 from instrument.events import CATEGORIES, CATEGORY_CODE
 
@@ -20,26 +20,36 @@ _MAX_SIZES = 64
 
 @dataclass(slots=True)
 class CommFit:
-    """Running least-squares fit of collective duration against bytes, for one worker count."""
+    """Running least-squares fit of the ring model to the collectives seen, for one worker count.
+
+    Each sample is a transfer: one collective, or several that were in flight together (:func:`transfers`), and
+    costs ``t = k·a + M·b`` for its k collectives of M bytes in all, ``a = 2(P−1)α`` and ``b = 2(P−1)/P·β``. One
+    collective alone (k = 1) is the usual line ``t = a + b·M``.
+    """
 
     workers: int = 0
     n: int = 0
-    sm: float = 0.0
-    st: float = 0.0
+    skk: float = 0.0
+    skm: float = 0.0
     smm: float = 0.0
+    skt: float = 0.0
     smt: float = 0.0
     stt: float = 0.0
+    collectives: int = 0
     sizes: set[int] = field(default_factory=set)
 
-    def add(self, workers: int, nbytes: int, seconds: float) -> None:
+    def add(self, workers: int, nbytes: int, seconds: float, count: int = 1) -> None:
+        """One transfer: ``count`` collectives of ``nbytes`` bytes in all, over ``seconds``."""
         if workers != self.workers:  # a different job size: the old fit no longer applies
-            self.workers, self.n, self.sm, self.st, self.smm, self.smt, self.stt = workers, 0, 0.0, 0.0, 0.0, 0.0, 0.0
-            self.sizes = set()
-        m = float(nbytes)
+            self.workers, self.n, self.collectives, self.sizes = workers, 0, 0, set()
+            self.skk = self.skm = self.smm = self.skt = self.smt = self.stt = 0.0
+        k, m = float(count), float(nbytes)
         self.n += 1
-        self.sm += m
-        self.st += seconds
+        self.collectives += count
+        self.skk += k * k
+        self.skm += k * m
         self.smm += m * m
+        self.skt += k * seconds
         self.smt += m * seconds
         self.stt += seconds * seconds
         if len(self.sizes) < _MAX_SIZES:
@@ -49,36 +59,55 @@ class CommFit:
         """α and β with β's standard error, or None when nothing can be fitted (no collectives, one worker, no
         bytes).
 
-        With one bucket size the intercept cannot be told from the slope: the line goes through the origin
-        (α = 0, all cost per byte). A negative intercept or slope is clamped to 0 and the other refitted. The
-        standard error is the ordinary least-squares one of the line fitted, from its residuals.
+        Where every transfer has the same bytes per collective, the latency cannot be told from the per-byte cost:
+        the fit goes through the origin (α = 0, all cost per byte). A negative α or β is clamped to 0 and the other refitted. The standard error is
+        the ordinary least-squares one of the fit, from its residuals.
         """
-        p = self.workers
-        if p <= 1 or self.n == 0 or self.sm <= 0:
+        p, n = self.workers, self.n
+        if p <= 1 or n == 0 or self.smm <= 0:
             return None
-        slope: float
-        intercept: float
-        n = self.n
-        var = n * self.smm - self.sm * self.sm
-        free = 1  # parameters fitted: the slope, and the intercept where it is not held at 0
-        if len(self.sizes) >= 2 and var > 0:
-            slope = (n * self.smt - self.sm * self.st) / var
-            intercept = (self.st - slope * self.sm) / n
-            free = 2
-            if intercept < 0:
-                intercept, slope, free = 0.0, self.smt / self.smm, 1
-            elif slope < 0:
-                intercept, slope = self.st / n, 0.0
-        else:
-            intercept, slope = 0.0, self.smt / self.smm
-        slope = max(slope, 0.0)
-        # Σ (t − a − b m)², expanded over the running sums; rounding can leave it a hair below 0.
-        sse = (self.stt - 2 * intercept * self.st - 2 * slope * self.smt + n * intercept * intercept
-               + 2 * intercept * slope * self.sm + slope * slope * self.smm)
-        spread = self.smm - (self.sm * self.sm / n if free == 2 else 0.0)  # Σ (m − m̄)², or Σ m² through 0
-        se = (max(sse, 0.0) / (n - free) / spread) ** 0.5 if n > free and spread > 0 else 0.0
+        det = self.skk * self.smm - self.skm * self.skm
+        a, b = 0.0, self.smt / self.smm
+        var_b = 1.0 / self.smm  # of b, per unit of residual variance: through the origin
+        free = 1  # parameters fitted
+        if det > 1e-9 * self.skk * self.smm:  # some transfers differ in bytes per collective
+            a = (self.smm * self.skt - self.skm * self.smt) / det
+            b = (self.skk * self.smt - self.skm * self.skt) / det
+            var_b, free = self.skk / det, 2
+            if a < 0:
+                a, b, var_b, free = 0.0, self.smt / self.smm, 1.0 / self.smm, 1
+            elif b < 0:
+                a, b = self.skt / self.skk, 0.0
+        b = max(b, 0.0)
+        # Σ (t − k a − M b)², expanded over the running sums; rounding can leave it a hair below 0.
+        sse = (self.stt - 2 * a * self.skt - 2 * b * self.smt + a * a * self.skk + 2 * a * b * self.skm
+               + b * b * self.smm)
+        se = (max(sse, 0.0) / (n - free) * var_b) ** 0.5 if n > free else 0.0
         per_beta = p / (2 * (p - 1))
-        return AlphaBeta(intercept / (2 * (p - 1)), slope * per_beta, se * per_beta, n, len(self.sizes))
+        return AlphaBeta(a / (2 * (p - 1)), b * per_beta, se * per_beta, self.collectives, len(self.sizes))
+
+
+def transfers(collectives: Sequence[Collective]) -> list[tuple[int, int, float]]:
+    """The iteration's collectives as the network carried them: (collectives, bytes, seconds) per transfer.
+
+    The model runs a rank's collectives one at a time, each from its latest ready time or the previous one's end.
+    A collective every rank had issued before the previous one ended was in flight with it, on gloo's threads
+    at once or queued behind it: how the time between them was shared is not observed, only their sum. Such runs
+    are one transfer, from the first one's start to the last one's end; a collective issued after the previous
+    ended (a GPU stream's kernels, a backward slower than the network) stands alone.
+    """
+    out: list[tuple[int, int, float]] = []
+    count, nbytes, start, end = 0, 0, 0, 0
+    for c in sorted(collectives, key=lambda c: c.start_ns):
+        if count and max(c.ready_ns.values()) < end:
+            count, nbytes, end = count + 1, nbytes + c.bytes, max(end, c.end_ns)
+            continue
+        if count:
+            out.append((count, nbytes, (end - start) / 1e9))
+        count, nbytes, start, end = 1, c.bytes, c.start_ns, c.end_ns
+    if count:
+        out.append((count, nbytes, (end - start) / 1e9))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
