@@ -2,7 +2,9 @@
 
 Frames are valid msgpack with the wrong things in it (wrong types, huge lengths and integers, deep nesting, NaN
 and infinities, negative times, duplicate sequence numbers, ranks out of range, iteration numbers that jump),
-valid frames of a few ranks among them, and random bytes. Every frame goes through ``wire.decode`` and
+valid frames of a few ranks among them, and random bytes. Iterations come in both wire versions: version 1's
+event lists, and version 2's typed columns with their bins cut short, grown, flipped, swapped or pointing at
+names that are not there; heartbeats too. Every frame goes through ``wire.decode`` and
 ``Pipeline.feed`` (which must never raise); the script counts crashes and prints the monitor's RSS as it goes.
 
     python benchmarks/fuzz_intake.py                 # 10^6 frames
@@ -25,6 +27,7 @@ import psutil
 from dagtop.model.pipeline import Pipeline
 from dagtop.recording import RawFrame
 from instrument import wire
+from instrument.events import PHASES
 
 ODD_VALUES: tuple[Any, ...] = (
     None, True, False, -1, 0, 2**63 - 1, -(2**63), 2**64 - 1, 1.5, math.nan, math.inf, -math.inf, "", "x" * 300,
@@ -36,7 +39,7 @@ ODD_VALUES: tuple[Any, ...] = (
 def _valid(rng: random.Random, seq: int) -> dict[str, Any]:
     """A frame that decodes, of a few ranks, with iteration numbers and seqs that misbehave sometimes."""
     rank, world = rng.randrange(4), rng.choice((1, 2, 4, 4, 4, 8))
-    kind = rng.choices(("iter", "hello", "buckets", "bye", "telemetry"), (70, 10, 5, 3, 5))[0]
+    kind = rng.choices(("iter", "hello", "buckets", "bye", "telemetry", "heartbeat"), (70, 10, 5, 3, 5, 5))[0]
     head: dict[str, Any] = {"v": 1, "k": kind, "seq": seq, "rank": rank}
     if kind == "hello":
         return {**head, "world": max(world, rank + 1), "local_rank": rank, "host": "h", "pid": rng.randrange(3),
@@ -46,6 +49,9 @@ def _valid(rng: random.Random, seq: int) -> dict[str, Any]:
         return {**head, "buckets": [[i, rng.randrange(10**6), [f"p{i}"]] for i in range(rng.randrange(4))]}
     if kind == "bye":
         return {**head, "iterations": rng.randrange(100), "dropped": 0}
+    if kind == "heartbeat":
+        return {**head, "v": 2, "it": rng.randrange(20), "task": rng.choice(("all-reduce bucket 1", "loader next", "")),
+                "open_ms": rng.randrange(10**5)}
     if kind == "telemetry":
         return {**head, "host": "h", "local_rank": rank, "mono_ns": 1, "note": "",
                 "hw": {"cpu": rng.random() * 100, "cpus": 2, "mem_used": 1, "mem_total": 2}, "gpu": None}
@@ -54,15 +60,21 @@ def _valid(rng: random.Random, seq: int) -> dict[str, Any]:
     events = [[rng.choice(("io", "compute", "allreduce")), rng.choice(("load", "forward", "backward", "comm")),
                f"layers.{i}", "main", t + 10 * i, t + 10 * i + rng.randrange(20), rng.randrange(1000)]
               for i in range(rng.randrange(1, 12))]
+    if rng.random() < 0.5:  # version 2: the same events as the shim sends them, typed columns
+        sendable = [[e[0], e[1] if e[1] in PHASES else "allreduce", *e[2:]] for e in events]  # the shim's vocabulary
+        frame: dict[str, Any] = msgpack.unpackb(wire.encode_iteration(seq, rank, it, sendable, 0), raw=False)
+        return frame
     return {**head, "it": it, "ev": events, "dropped": 0}
 
 
 def _spoil(rng: random.Random, frame: dict[str, Any]) -> Any:
     """The frame with one thing wrong, somewhere in it."""
     roll = rng.random()
+    if isinstance(frame.get("ev"), dict) and roll < 0.5:  # a version 2 column
+        return _spoil_columns(rng, frame)
     if roll < 0.35:
         frame[rng.choice(list(frame))] = rng.choice(ODD_VALUES)
-    elif roll < 0.55 and frame.get("ev"):
+    elif roll < 0.55 and isinstance(frame.get("ev"), list) and frame["ev"]:
         event = list(rng.choice(frame["ev"]))
         event[rng.randrange(7)] = rng.choice(ODD_VALUES + (-5,))
         frame["ev"][rng.randrange(len(frame["ev"]))] = event
@@ -77,6 +89,36 @@ def _spoil(rng: random.Random, frame: dict[str, Any]) -> Any:
         return rng.choice(ODD_VALUES)
     else:
         frame["rank"] = rng.choice((10**6, 2**20, -1, 99))
+    return frame
+
+
+def _spoil_columns(rng: random.Random, frame: dict[str, Any]) -> dict[str, Any]:
+    """A version 2 frame with one of its event columns wrong: a bin cut, grown, flipped or swapped for another
+    type, a name list too short or not names, a column missing or one too many."""
+    columns = frame["ev"]
+    key = rng.choice(list(columns))
+    value = columns[key]
+    roll = rng.random()
+    if isinstance(value, bytes) and roll < 0.5:
+        mutate = rng.randrange(4)
+        if mutate == 0:
+            value = value[: rng.randrange(len(value) + 1)]
+        elif mutate == 1:
+            value = value + rng.randbytes(rng.randrange(1, 9))
+        elif mutate == 2 and value:
+            i = rng.randrange(len(value))
+            value = value[:i] + bytes([value[i] ^ (1 << rng.randrange(8))]) + value[i + 1:]
+        else:
+            value = b"\xff" * len(value)  # every code out of range, every time far in the future
+    elif roll < 0.7:
+        value = rng.choice(ODD_VALUES)
+    elif roll < 0.85:
+        del columns[key]
+        return frame
+    else:
+        columns[rng.choice(("junk", key + "x"))] = rng.randbytes(8)
+        return frame
+    columns[key] = value
     return frame
 
 
