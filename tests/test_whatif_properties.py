@@ -289,3 +289,16 @@ def test_alpha_beta_fit_recovers_the_ring_model_from_transfers(samples: list[tup
         seen = k * 2 * (workers - 1) * alpha + 2 * (workers - 1) / workers * m * beta
         assert k * 2 * (workers - 1) * model.alpha_s + 2 * (workers - 1) / workers * m * model.beta_s_per_byte == \
             pytest.approx(seen, rel=1e-3)
+
+
+@given(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0]) | st.floats(-1e6, 1e6), min_size=2, max_size=40))
+def test_medians_of_the_others_are_each_a_median_of_all_but_one(values: list[float]) -> None:
+    import statistics
+
+    import numpy as np
+
+    from dagtop.model.analysis import medians_of_the_others
+
+    got = medians_of_the_others(np.array(values))
+    want = [statistics.median(values[:i] + values[i + 1:]) for i in range(len(values))]
+    assert np.allclose(got, want)

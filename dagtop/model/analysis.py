@@ -118,9 +118,30 @@ def _busy(dag: IterationDag) -> dict[int, F64]:
 
 def _deviation(dag: IterationDag, busy: dict[int, F64]) -> dict[int, float]:
     """Rank → its busy ms (io + pcie + compute) minus the median of the other ranks' (0 for a lone rank)."""
-    work = {r: float(busy[r][_WORK].sum()) / 1e6 for r in dag.ranks}
-    return {r: w - statistics.median([x for q, x in work.items() if q != r]) if len(work) > 1 else 0.0
-            for r, w in work.items()}
+    work = np.array([float(busy[r][_WORK].sum()) / 1e6 for r in dag.ranks])
+    if len(work) < 2:
+        return dict.fromkeys(dag.ranks, 0.0)
+    return dict(zip(dag.ranks, (work - medians_of_the_others(work)).tolist()))
+
+
+def medians_of_the_others(values: F64) -> F64:
+    """For each value, the median of all the others: one sort, not a median per value (1024 ranks: 1024 of 1023).
+
+    Leaving out the value at sorted position p shifts every position from p on down by one; the median of the
+    n − 1 left is at positions (n − 2) // 2 and (n − 1) // 2 of what is left.
+    """
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    n = len(values)
+    p = np.empty(n, dtype=np.int64)
+    p[order] = np.arange(n)
+
+    def left(j: int) -> F64:  # position j of what is left once position p is out, for every p
+        at: F64 = np.where(j < p, ranked[j], ranked[min(j + 1, n - 1)])
+        return at
+
+    out: F64 = (left((n - 2) // 2) + left((n - 1) // 2)) / 2
+    return out
 
 
 def _straggler(dag: IterationDag, path: CriticalNodes, end: F64, measured_ms: float, deviation: dict[int, float]

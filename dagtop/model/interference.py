@@ -172,13 +172,19 @@ def _coverage(times: F64, cover: F64, t: F64) -> F64:
     return out
 
 
+def by_rank(rank_idx: I64, ranks: int) -> list[I64]:
+    """The positions of each rank's entries (rank indices 0 … ranks − 1): one sort, not a scan per rank."""
+    order = np.argsort(rank_idx, kind="stable")
+    bounds = np.searchsorted(rank_idx[order], np.arange(ranks + 1))
+    return [order[lo:hi] for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+
+
 def task_overlap(dag: IterationDag) -> F64:
     """Per compute event of the table: the fraction of it during which a collective of its rank was in flight."""
     t = dag.table
     out = np.zeros(len(t.start))
-    for r in range(len(dag.ranks)):
-        mine = np.flatnonzero(t.rank_idx == r)
-        comm = np.flatnonzero(t.comm_rank_idx == r)
+    mine_by_rank, comm_by_rank = by_rank(t.rank_idx, len(dag.ranks)), by_rank(t.comm_rank_idx, len(dag.ranks))
+    for mine, comm in zip(mine_by_rank, comm_by_rank):
         if not len(mine) or not len(comm):
             continue
         times, cover = _covered(t.comm_start[comm], t.comm_end[comm])
@@ -193,10 +199,10 @@ def node_overlap(dag: IterationDag) -> F64:
     """Per node: the fraction of a run node's span during which a collective of its rank was in flight (0 else)."""
     t = dag.table
     out = np.zeros(dag.nodes)
-    runs = dag.kind == RUN
-    for r, rank in enumerate(dag.ranks):
-        comm = np.flatnonzero(t.comm_rank_idx == r)
-        nodes = np.flatnonzero(runs & (dag.rank_of == rank))
+    runs = np.flatnonzero(dag.kind == RUN)
+    run_rank = np.searchsorted(np.array(dag.ranks, dtype=np.int64), dag.rank_of[runs])  # rank → its index
+    comm_by_rank = by_rank(t.comm_rank_idx, len(dag.ranks))
+    for comm, nodes in zip(comm_by_rank, (runs[group] for group in by_rank(run_rank, len(dag.ranks)))):
         if not len(comm) or not len(nodes):
             continue
         times, cover = _covered(t.comm_start[comm], t.comm_end[comm])
