@@ -49,6 +49,7 @@ MODES: dict[str, dict[str, Any] | None] = {
     "plain": None,
     "allreduce_hook": None,
     "block": {"granularity": "block"},
+    "block, publisher at nice 0": {"granularity": "block"},
     "layer 1 in 10": {"granularity": "block", "sample_every": 10},
     "layer": {"granularity": "layer"},
 }
@@ -80,6 +81,9 @@ def _run(model: nn.Module, mode: str, batches: list[Any]) -> tuple[float, float]
     if mode == "allreduce_hook":
         ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
     options = MODES[mode]
+    from instrument import publisher
+
+    publisher.BACKGROUND_NICE = None if mode == "block, publisher at nice 0" else 19
     tracer: Any = instrument.NullTracer() if options is None else instrument.attach(
         ddp, optimizer, endpoint=free_endpoint(), **options)
     loss_fn = nn.CrossEntropyLoss()
@@ -155,6 +159,11 @@ def table(job: str, times: dict[str, list[tuple[float, float]]], steps: int) -> 
         spread = f"{min(steps_s) * 1e3:.1f}..{max(steps_s) * 1e3:.1f}"
         print(f"  {mode:<16} {statistics.median(steps_s) * 1e3:8.2f} {spread:>13} {_paired(steps_s, plain):>29}"
               f" {statistics.median(cpus) * 1e3:7.2f} {_paired(cpus, plain_cpu):>28}")
+    if "block, publisher at nice 0" in times:  # the publisher thread's niceness, the one difference
+        niced, not_niced = times["block"], times["block, publisher at nice 0"]
+        print(f"  block (publisher at nice {19}) vs block with it at nice 0: step "
+              f"{_paired([s for s, _ in niced], [s for s, _ in not_niced])}, CPU "
+              f"{_paired([c for _, c in niced], [c for _, c in not_niced])}")
     print("  step: the slower rank's median step; CPU: both ranks' CPU time per step, every thread (the shim's "
           "publisher included)")
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from instrument import wire
+from instrument.publisher import run_in_the_background
 
 EVERY_S: Final = 2.0
 """Seconds between two samples: the panel's pace; a sample costs the rank tens of microseconds of CPU."""
@@ -243,6 +244,7 @@ class TelemetryThread:
     def _run(self) -> None:
         gpu = self._gpu_probe
         try:
+            run_in_the_background()
             host = self._host_probe
             if host is None and self.local_rank == 0:
                 host = HostProbe()

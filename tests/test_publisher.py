@@ -3,6 +3,8 @@ out at once, not at the next periodic duty."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -179,3 +181,25 @@ def test_dagtop_heartbeat_0_turns_heartbeats_off(endpoint: str, monkeypatch: pyt
         assert tracer._publisher._where is not None  # type: ignore[attr-defined]
     finally:
         tracer.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="niceness per thread is Linux's")
+def test_the_shims_threads_run_niced_and_the_training_thread_does_not(endpoint: str) -> None:
+    """On a busy core a woken publisher or telemetry thread must not preempt training (bench_overhead.py)."""
+    from instrument.telemetry import TelemetryThread
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: the calling thread's own
+    publisher = Publisher(endpoint, 0, _hello, on_error=lambda exc: None)
+    telemetry = TelemetryThread(lambda sample: None, rank=0, local_rank=1, host="h", cuda_index=None,
+                                every_s=3600.0, first_after_s=3600.0)
+    try:
+        for thread in (publisher._thread, telemetry._thread):  # type: ignore[attr-defined]
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline and (
+                    thread.native_id is None or os.getpriority(os.PRIO_PROCESS, thread.native_id) != 19):
+                time.sleep(0.01)
+            assert thread.native_id is not None and os.getpriority(os.PRIO_PROCESS, thread.native_id) == 19
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+    finally:
+        publisher.close()
+        telemetry.close()
