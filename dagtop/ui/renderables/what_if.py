@@ -40,7 +40,7 @@ def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False
     narrow = width < 50  # the efficiency rides with the change's name, where the column has room for it
     bar_w = max(0, min(12, width - 46))
     if bar_w:
-        table.add_column("", no_wrap=True, width=bar_w)
+        table.add_column("", no_wrap=True, width=bar_w, overflow="crop")  # a bar squeezed is cut, not "…"
     if explain:
         table.add_column("what it means", overflow="fold")
     now: list[Text | str] = [Text(str(Change.IDENTITY), style="bold"), f"{analysis.predicted_ms:.1f}", "×1.00"]
