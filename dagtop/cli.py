@@ -66,11 +66,15 @@ def _niceness(text: str) -> int:
     return value
 
 
-def _speed(text: str) -> float:
+def _float(text: str, what: str = "a number") -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
+def _speed(text: str) -> float:
+    value = _float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be 0 (as fast as possible) or more, not {text}")
     return value
@@ -78,10 +82,7 @@ def _speed(text: str) -> float:
 
 def _refresh(text: str) -> float:
     """Seconds between redraws of the screen, like htop's ``-d``: 0.05 (20 a second) to 60."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    value = _float(text, "a number of seconds")
     if not 0.05 <= value <= 60:
         raise argparse.ArgumentTypeError(f"must be from 0.05 to 60 seconds, not {text}")
     return value
@@ -89,10 +90,7 @@ def _refresh(text: str) -> float:
 
 def _bandwidth(text: str) -> float:
     """A bus bandwidth in GB/s (bytes: 100 Gb/s Ethernet is 12.5), above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a bandwidth in GB/s: {text!r}") from None
+    value = _float(text, "a bandwidth in GB/s")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be above 0 GB/s, not {text}")
     return value
