@@ -35,7 +35,7 @@ def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False
     """Rows: now (measured and modelled), then each change by predicted throughput, best first."""
     table = Table(box=box.SIMPLE_HEAD, expand=True, padding=(0, 1), show_edge=False, pad_edge=False)
     table.add_column("change", no_wrap=True)
-    table.add_column("ms/it", justify="right", no_wrap=True)
+    table.add_column("ms/it", justify="right", no_wrap=True, min_width=5)
     table.add_column("throughput", justify="right", no_wrap=True)
     narrow = width < 50  # the efficiency rides with the change's name, where the column has room for it
     bar_w = max(0, min(12, width - 46))
