@@ -151,7 +151,9 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
     if network and network["bus_gbps"] is not None:
         lo, hi = network["bus_gbps_range"]
         spread = f" ({lo:.3g}–{_gbps(hi)} at ±1 s.e.)" if network["beta_stderr"] > 0 else ""
-        w(f"network          bus bandwidth {network['bus_gbps']:.3g} GB/s{spread}, latency {network['alpha_us']:.0f} µs "
+        alpha = network["alpha_us"]
+        latency = f"{alpha:.0f} µs" if alpha is not None else "unknown (taken as 0)"
+        w(f"network          bus bandwidth {network['bus_gbps']:.3g} GB/s{spread}, latency {latency} "
           f"(α-β fit on {network['collectives']} collectives, {network['sizes']} transfer "
           f"size{'s' if network['sizes'] != 1 else ''})\n")
     if s["what_if"]:

@@ -61,6 +61,7 @@ def test_a_network_given_as_a_bandwidth(capsys: pytest.CaptureFixture[str]) -> N
     net = s["network"]
     lo, hi = net["bus_gbps_range"]
     assert 0 < lo < net["bus_gbps"] < hi and net["collectives"] > 10
+    assert net["sizes"] == 1 and net["alpha_us"] is None  # the demo's two buckets always travel together
     w = {x["change"]: x for x in s["what_if"]}
     twice = w["network bandwidth"]
     assert twice["bandwidth_gbps"] == pytest.approx(2 * net["bus_gbps"], rel=0.05)  # the fit moves over the run
@@ -72,7 +73,8 @@ def test_a_network_given_as_a_bandwidth(capsys: pytest.CaptureFixture[str]) -> N
         "what_if"]}["network bandwidth"]
     assert fast["bandwidth_gbps"] == 50 and fast["iteration_ms"] < twice["iteration_ms"]
     assert main(["report", str(FIXTURES / "demo-allreduce.dagtop"), "--bandwidth", "50"]) == 0
-    assert "network 50 GB/s" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "network 50 GB/s" in text and "latency unknown (taken as 0)" in text
     with pytest.raises(SystemExit) as exit_:
         main(["report", str(FIXTURES / "demo-allreduce.dagtop"), "--bandwidth", "0"])
     assert exit_.value.code == 2 and "must be above 0 GB/s" in capsys.readouterr().err

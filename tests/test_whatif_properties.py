@@ -136,7 +136,11 @@ def test_alpha_beta_fit_degenerate_cases() -> None:
         same.add(4, 1_000_000, 0.003)
     model = same.model()
     assert model is not None and model.alpha_s == 0.0  # one bucket size: all cost per byte
+    assert not model.alpha_known and "latency α unknown" in model.describe()
     assert model.seconds(4, 1_000_000) == pytest.approx(0.003)
+    same.add(4, 4_000_000, 0.009)  # a second size: now the latency can be told apart
+    model = same.model()
+    assert model is not None and model.alpha_known and "latency α unknown" not in model.describe()
 
 
 @settings(max_examples=100, deadline=None)

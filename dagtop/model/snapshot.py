@@ -169,6 +169,8 @@ class AlphaBeta:
     samples: int = 0
     sizes: int = 0
     """Distinct sizes among the transfers fitted (bytes of the collectives in flight together)."""
+    alpha_known: bool = True
+    """False where every transfer had the same bytes per collective: α cannot be told from β, and is taken as 0."""
 
     def seconds(self, workers: int, nbytes: float, beta: float | None = None) -> float:
         """t(P, M), with ``beta`` in place of the fitted β if given."""
@@ -191,7 +193,9 @@ class AlphaBeta:
     def describe(self) -> str:
         lo, hi = self.bus_gbps_range
         spread = f" ({lo:.3g}–{hi:.3g} at ±1 s.e.)" if self.beta_se > 0 else ""
-        return (f"bus bandwidth {self.bus_gbps:.3g} GB/s{spread}, latency α {self.alpha_s * 1e6:.0f} µs; "
+        latency = (f"latency α {self.alpha_s * 1e6:.0f} µs" if self.alpha_known else
+                   "latency α unknown (taken as 0: with one transfer size it cannot be told from β)")
+        return (f"bus bandwidth {self.bus_gbps:.3g} GB/s{spread}, {latency}; "
                 f"fitted on {self.samples} collectives, {self.sizes} transfer size{'s' if self.sizes != 1 else ''}")
 
 

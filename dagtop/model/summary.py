@@ -115,7 +115,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
         # The α-β fit as of the last iteration that had one: what 2N workers and network bandwidth rest on.
         "network": None if network is None else {
             "bus_gbps": _finite(network.bus_gbps), "bus_gbps_range": [_finite(g) for g in network.bus_gbps_range],
-            "alpha_us": network.alpha_s * 1e6, "beta_s_per_byte": network.beta_s_per_byte,
+            "alpha_us": network.alpha_s * 1e6 if network.alpha_known else None, "beta_s_per_byte": network.beta_s_per_byte,
             "beta_stderr": network.beta_se, "collectives": network.samples, "sizes": network.sizes},
     }
 

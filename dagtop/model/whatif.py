@@ -60,8 +60,9 @@ class CommFit:
         bytes).
 
         Where every transfer has the same bytes per collective, the latency cannot be told from the per-byte cost:
-        the fit goes through the origin (α = 0, all cost per byte). A negative α or β is clamped to 0 and the other refitted. The standard error is
-        the ordinary least-squares one of the fit, from its residuals.
+        the fit goes through the origin (α = 0, all cost per byte, ``alpha_known`` False). A negative α or β is
+        clamped to 0 and the other refitted. The standard error is the ordinary least-squares one of the fit, from
+        its residuals.
         """
         p, n = self.workers, self.n
         if p <= 1 or n == 0 or self.smm <= 0:
@@ -84,7 +85,8 @@ class CommFit:
                + b * b * self.smm)
         se = (max(sse, 0.0) / (n - free) * var_b) ** 0.5 if n > free else 0.0
         per_beta = p / (2 * (p - 1))
-        return AlphaBeta(a / (2 * (p - 1)), b * per_beta, se * per_beta, self.collectives, len(self.sizes))
+        return AlphaBeta(a / (2 * (p - 1)), b * per_beta, se * per_beta, self.collectives, len(self.sizes),
+                         alpha_known=det > 1e-9 * self.skk * self.smm)
 
 
 def transfers(collectives: Sequence[Collective]) -> list[tuple[int, int, float]]:
