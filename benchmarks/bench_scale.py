@@ -24,8 +24,13 @@ Measured, over the ``--seconds`` after a ``--warmup``:
 - events/s ingested: the events of the iterations the screen advanced over, per second;
 - lag p50/p95: sampled 4 times a second from the pane (``iteration N`` on the status line): how long the oldest
   iteration that every rank has sent but the screen does not yet show has waited (0 when it shows the newest);
-- frames/s: new views the screen drew per second (the app's ``refreshes``, written on exit through
-  ``DAGTOP_STATS``): at most 1/``--refresh``, and no more than new data comes in;
+- views/s: new snapshots the screen drew per second while live (the app's ``refreshes``, written on exit through
+  ``DAGTOP_STATS``): at most 1/``--refresh``, and no more than new data comes in (at 1 it/s: about 2, one as an
+  iteration's frames start to arrive and one once all have);
+- frames/s and key→frame p50/p95: what the screen can draw, asked. For ``--browse`` seconds after the window, the
+  benchmark browses iterations with ← and → (the first ← pauses; collecting goes on underneath, as it would for a
+  user), sending each key once the pane shows the frame that answers the last: every key redraws every panel on
+  another iteration. frames/s is keys answered per second, so tmux's own round trips count against it;
 - the monitor's CPU (% of one core, user+system of its process tree, psutil) and its peak RSS; the relays' and the
   publishers' CPU too, since on a small machine they compete with the monitor for the same cores;
 - whether the publishers kept to their schedule (p95 of how late they sent): where they did not, the machine
@@ -140,7 +145,9 @@ class Result:
     ranks: int
     events_per_s: float
     lags: list[float]
-    frames_per_s: float | None
+    views_per_s: float | None
+    key_latencies: list[float]
+    """Seconds from each browsing key to the frame that answered it."""
     monitor_cpu: float
     monitor_rss_mb: float
     relays_cpu: float
@@ -153,8 +160,46 @@ class Result:
     """Iterations every rank had sent by then."""
 
     def pct(self, q: float) -> float:
-        lags = sorted(self.lags)
-        return lags[min(int(q * len(lags)), len(lags) - 1)] if lags else float("nan")
+        return percentile(self.lags, q)
+
+    @property
+    def frames_per_s(self) -> float:
+        """Browsing keys answered per second, each sent once the one before was answered."""
+        return len(self.key_latencies) / sum(self.key_latencies) if self.key_latencies else float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+_BROWSED = re.compile(r"iteration (\d+)(?: of (\d+))?")
+
+
+def browse(session: str, seconds: float) -> list[float]:
+    """Step back and forth between the newest two iterations with ← and → for ``seconds``, each key sent once the
+    pane shows the frame that answers the one before: seconds from each key to that frame (inf: none in 10 s).
+
+    ← shows ``iteration N-1 of N``, → ``iteration N``, N the newest when the first ← paused the screen."""
+    latencies: list[float] = []
+    newest: int | None = None
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        back = len(latencies) % 2 == 0
+        sent = time.monotonic()
+        tmux("send-keys", "-t", session, "Left" if back else "Right")
+        while True:
+            found = _BROWSED.search(tmux("capture-pane", "-p", "-t", session, "-S", "0", "-E", "0").stdout)
+            if found and back and found.group(2) and int(found.group(1)) == int(found.group(2)) - 1:
+                newest = int(found.group(2))
+                break
+            if found and not back and found.group(2) is None and int(found.group(1)) == newest:
+                break
+            if time.monotonic() - sent > 10.0:
+                return [*latencies, float("inf")]
+            time.sleep(0.005)
+        latencies.append(time.monotonic() - sent)
+    return latencies
 
 
 def shown_iteration(screen: str) -> int | None:
@@ -167,7 +212,7 @@ def measure(ranks: int, args: argparse.Namespace, workdir: Path) -> Result:
     job = SyntheticJob(ranks=ranks, blocks=blocks, buckets=args.buckets, slow_ranks=(ranks // 3,),
                        slow_factor=3.0)
     events = 3 + 2 * blocks + args.buckets
-    iterations = int((args.warmup + args.seconds + 5) * args.rate) + 1
+    iterations = int((args.warmup + args.seconds + args.browse + 5) * args.rate) + 1
     t0 = time.monotonic()
     _FRAMES[:] = encode_job(job, iterations)
     print(f"  {ranks} ranks: {iterations} iterations of {events} events a rank encoded in "
@@ -226,16 +271,19 @@ def measure(ranks: int, args: argparse.Namespace, workdir: Path) -> Result:
             print(screen, file=sys.stderr)
         used = [tree_cpu_s(monitor_process) - cpu[0], sum(map(tree_cpu_s, relay_ps)) - cpu[1],
                 sum(map(tree_cpu_s, pub_ps)) - cpu[2]]
+        browse_at = time.monotonic()
+        keys = browse(session, args.browse) if args.browse > 0 else []
         tmux("send-keys", "-t", session, "q")
-        quit_at = time.monotonic()
         try:
             monitor_process.wait(120)  # a monitor far behind finishes its batch first
         except psutil.TimeoutExpired:
             tmux("kill-session", "-t", session, check=False)
-        frames_per_s = None
+        views_per_s = None
         if stats.is_file():
             refreshes = json.loads(stats.read_text())["refreshes"]
-            frames_per_s = (refreshes - 1) / (quit_at - start)  # one view is pushed at mount, before any frame
+            # One view is pushed at mount, before any frame; browsing pushed one a key, and one more as the first
+            # key paused the screen (which then takes no new snapshot).
+            views_per_s = (refreshes - 1 - (len(keys) + 1 if keys else 0)) / (browse_at - start)
     finally:
         for p in publishers:
             p.terminate()
@@ -251,7 +299,8 @@ def measure(ranks: int, args: argparse.Namespace, workdir: Path) -> Result:
         tmux("kill-session", "-t", session, check=False)
     advanced = 0 if shown_begin is None or shown_end is None else shown_end - shown_begin
     window = t_end - t_begin
-    return Result(ranks, advanced * ranks * events / window, lags, frames_per_s, 100 * used[0] / window, rss / 2**20,
+    return Result(ranks, advanced * ranks * events / window, lags, views_per_s, keys, 100 * used[0] / window,
+                  rss / 2**20,
                   100 * used[1] / window, 100 * used[2] / window, late.value, relay_lines,
                   None if shown_end is None else shown_end + 1,
                   min(int((t_end - start - FIRST_ITERATION_AT_S) * args.rate) + 1, iterations))
@@ -272,6 +321,8 @@ def main() -> None:
                              "monitor, with --direct), not one socket a rank: the cheapest sender")
     parser.add_argument("--publishers", type=int, default=2, help="publisher processes (default %(default)s)")
     parser.add_argument("--refresh", type=float, default=0.25, help="the monitor's --refresh (default %(default)s)")
+    parser.add_argument("--browse", type=float, default=10.0,
+                        help="seconds of browsing with ← and → after the window, 0: none (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=8.0, help="seconds sent before measuring (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds measured (default %(default)s)")
     parser.add_argument("--startup", type=float, default=4.0,
@@ -285,16 +336,20 @@ def main() -> None:
     print(f"scale: {os.cpu_count()} cores, load average {load}; {args.rate:g} it/s, ~{args.tasks} events a rank, "
           f"{route}, {args.publishers} publisher processes, {sockets}, --refresh {args.refresh:g}; "
           f"{args.seconds:g} s measured after {args.warmup:g} s")
-    print(f"{'ranks':>5}  {'events/s':>9}  {'lag p50':>7}  {'lag p95':>7}  {'frames/s':>8}  {'monitor CPU':>11}  "
-          f"{'RSS MB':>6}  {'relays CPU':>10}  {'pubs CPU':>8}  shown/sent  publishers on time")
+    print(f"{'ranks':>5}  {'events/s':>9}  {'lag p50':>7}  {'lag p95':>7}  {'views/s':>7}  {'frames/s':>8}  "
+          f"{'key→frame p50/p95':>17}  {'monitor CPU':>11}  {'RSS MB':>6}  {'relays CPU':>10}  {'pubs CPU':>8}  "
+          f"shown/sent  publishers on time")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         try:
             for ranks in (int(r) for r in args.ranks.split(",")):
                 r = measure(ranks, args, Path(tmp))
-                fps = "?" if r.frames_per_s is None else f"{r.frames_per_s:.2f}"
+                views = "?" if r.views_per_s is None else f"{r.views_per_s:.2f}"
+                keys = (f"{percentile(r.key_latencies, 0.5) * 1e3:.0f}/{percentile(r.key_latencies, 0.95) * 1e3:.0f} ms"
+                        if r.key_latencies else "-")
                 on_time = ("yes" if r.publishers_late_p95_s < 0.5 else
                            f"NO (p95 {r.publishers_late_p95_s:.1f} s late: this machine cannot host the ranks too)")
-                print(f"{r.ranks:>5}  {r.events_per_s:>9.0f}  {r.pct(0.5):>6.2f}s  {r.pct(0.95):>6.2f}s  {fps:>8}  "
+                print(f"{r.ranks:>5}  {r.events_per_s:>9.0f}  {r.pct(0.5):>6.2f}s  {r.pct(0.95):>6.2f}s  {views:>7}  "
+                      f"{r.frames_per_s:>8.2f}  {keys:>17}  "
                       f"{r.monitor_cpu:>10.0f}%  {r.monitor_rss_mb:>6.0f}  {r.relays_cpu:>9.1f}%  "
                       f"{r.publishers_cpu:>7.1f}%  {r.shown}/{r.sent}  {on_time}", flush=True)
                 for line in r.relay_lines:
