@@ -70,3 +70,16 @@ def test_table_marks_only_the_doubtful_changes() -> None:
         line = next(line for line in lines if w.label in line)
         assert (f"{w.label} ?" in line) == bool(w.change.doubt)
     assert any(not w.change.doubt for w in a.what_if)  # some changes were validated and carry no mark
+
+
+def test_a_narrow_table_shortens_names_but_keeps_the_marks_and_the_figures() -> None:
+    """At 80 columns the panel is about 40 wide: ``straggler at median ?`` lost its ``?`` to an ellipsis, and the
+    throughput's header and figures were cut (``×1.`` for ``×1.98``)."""
+    a = analysed(fitted=True)
+    for width in range(30, 61):
+        lines = rendered(what_if_table(a, width), width).splitlines()
+        assert all(len(line) <= width for line in lines)
+        for w in a.what_if:
+            row = next(line for line in lines if f"{w.iteration_ms:.1f}" in line and line.startswith(w.label[:6]))
+            assert row.rstrip().endswith(f"×{w.throughput:.2f}") or f"×{w.throughput:.2f} " in row
+            assert (" ?" in row) == bool(w.change.doubt), (width, row)

@@ -32,30 +32,51 @@ def throughput_text(w: WhatIf, with_efficiency: bool = True) -> Text:
 
 
 def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False) -> Table:
-    """Rows: now (measured and modelled), then each change by predicted throughput, best first."""
-    table = Table(box=box.SIMPLE_HEAD, expand=True, padding=(0, 1), show_edge=False, pad_edge=False)
-    table.add_column("change", no_wrap=True)
-    table.add_column("ms/it", justify="right", no_wrap=True, min_width=5)
-    table.add_column("throughput", justify="right", no_wrap=True)
+    """Rows: now (measured and modelled), then each change by predicted throughput, best first.
+
+    The figures keep their width; where the change names do not fit, a name is shortened with "…" before its
+    ``?`` (not validated) and its scaling efficiency, which always show."""
+    changes = sorted(analysis.what_if, key=lambda w: -w.throughput)
     narrow = width < 50  # the efficiency rides with the change's name, where the column has room for it
-    bar_w = max(0, min(12, width - 46))
+    names: list[tuple[Text, Text]] = [(Text(str(Change.IDENTITY), style="bold"), Text())]
+    for w in changes:
+        marks = Text(" ?", style="yellow") if w.change.doubt else Text()  # not validated within 10 % of a re-run
+        if narrow:
+            marks.append_text(efficiency_text(w))
+        names.append((Text(w.label, style=colour(w.change.category)), marks))
+    ms = [f"{analysis.predicted_ms:.1f}", *(f"{w.iteration_ms:.1f}" for w in changes)]
+    throughput = [Text("×1.00"), *(throughput_text(w, not narrow) for w in changes)]
+    ms_w = max(len("ms/it"), *map(len, ms))
+    figures_w = max(t.cell_len for t in throughput)
+    longest = max(name.cell_len + marks.cell_len for name, marks in names)
+    gap = 3  # between two columns: padding (0, 1) each side and the box's blank divider; none at the edges
+    header = "throughput" if explain or width - ms_w - len("throughput") - 2 * gap >= longest else "thrpt"
+    throughput_w = max(figures_w, len(header))
+    room = width - ms_w - throughput_w - 2 * gap  # for the names
+    # The bar is what gives way first: whatever the names leave, up to 12 cells, none under 4.
+    bar_w = max(0, min(12, width - 46)) if explain else min(12, room - longest - gap)
+    bar_w = bar_w if bar_w >= 4 else 0
+
+    table = Table(box=box.SIMPLE_HEAD, expand=True, padding=(0, 1), show_edge=False, pad_edge=False)
+    table.add_column("change", no_wrap=True, overflow="crop")
+    table.add_column("ms/it", justify="right", no_wrap=True, min_width=ms_w)
+    table.add_column(header, justify="right", no_wrap=True, min_width=throughput_w)
     if bar_w:
         table.add_column("", no_wrap=True, width=bar_w, overflow="crop")  # a bar squeezed is cut, not "…"
     if explain:
         table.add_column("what it means", overflow="fold")
-    now: list[Text | str] = [Text(str(Change.IDENTITY), style="bold"), f"{analysis.predicted_ms:.1f}", "×1.00"]
-    table.add_row(*now, *([""] if bar_w else []),
-                  *([f"measured {analysis.measured_ms:.1f} ms; {Change.IDENTITY.assumption}"] if explain else []))
-    for w in sorted(analysis.what_if, key=lambda w: -w.throughput):
-        change = Text(w.label, style=colour(w.change.category))
-        if w.change.doubt:  # not validated within 10 % of a real re-run: the screen says why
-            change.append(" ?", style="yellow")
-        if narrow:
-            change.append_text(efficiency_text(w))
-        cells: list[Text | str] = [change, f"{w.iteration_ms:.1f}", throughput_text(w, not narrow)]
+    meanings = [f"measured {analysis.measured_ms:.1f} ms; {Change.IDENTITY.assumption}",
+                *(w.change.assumption for w in changes)]
+    bars = [Text(""), *(speedup_bar(w.throughput, bar_w) for w in changes)]
+    room -= bar_w + gap if bar_w else 0
+    for (name, marks), ms_cell, throughput_cell, bar, meaning in zip(names, ms, throughput, bars, meanings,
+                                                                      strict=True):
+        if not explain and name.cell_len + marks.cell_len > room:
+            name.truncate(max(1, room - marks.cell_len), overflow="ellipsis")
+        cells: list[Text | str] = [name + marks, ms_cell, throughput_cell]
         if bar_w:
-            cells.append(speedup_bar(w.throughput, bar_w))
+            cells.append(bar)
         if explain:
-            cells.append(w.change.assumption)
+            cells.append(meaning)
         table.add_row(*cells)
     return table
