@@ -22,16 +22,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,43 +35,9 @@ from dagtop.model.summary import summarize
 from dagtop.report import load, select
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
 
-
-@dataclass(frozen=True)
-class Host:
-    netns: str
-    link: str
-    address: str
-
-    def command(self, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.netns, *argv]
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-@contextmanager
-def two_hosts() -> Iterator[tuple[Host, Host]]:
-    tag = uuid.uuid4().hex[:6]
-    net = 10 + int(tag[:2], 16) % 200
-    a = Host(f"dnA{tag}", f"na{tag}", f"10.{net}.9.1")
-    b = Host(f"dnB{tag}", f"nb{tag}", f"10.{net}.9.2")
-    made: list[str] = []
-    try:
-        for host in (a, b):
-            _ip("netns", "add", host.netns)
-            made.append(host.netns)
-        _ip("link", "add", a.link, "type", "veth", "peer", "name", b.link)
-        for host in (a, b):
-            _ip("link", "set", host.link, "netns", host.netns)
-            _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.link)
-            _ip("-n", host.netns, "link", "set", host.link, "up")
-            _ip("-n", host.netns, "link", "set", "lo", "up")
-        yield a, b
-    finally:
-        for name in made:  # deleting a namespace deletes its end of the veth pair, and so the pair
-            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+from hosts import Host, two_hosts, why_not_here  # tests/hosts.py, shared with tests/test_hosts.py
 
 
 def shape(hosts: tuple[Host, Host], mbit: float) -> None:
@@ -137,12 +98,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=30)
     args = parser.parse_args()
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-        print("validate_network: needs root, `ip` and `tc` (network namespaces and a shaped veth link)",
-              file=sys.stderr)
+    why_not = why_not_here("tc")
+    if why_not:
+        print(f"validate_network: cannot make two hosts joined by a shaped link: {why_not}", file=sys.stderr)
         sys.exit(2)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="dagtop-network-") as tmp, two_hosts() as hosts:
+    with tempfile.TemporaryDirectory(prefix="dagtop-network-") as tmp, two_hosts(third_octet=9) as hosts:
         for k in range(args.rounds):
             runs: dict[str, Path] = {}
             for name, mbit in sorted((("base", args.rate), ("fast", 2 * args.rate)), reverse=k % 2 == 1):

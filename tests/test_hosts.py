@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import WAIT_S
+from hosts import Host, two_hosts, why_not_here
 
 from dagtop.demo.launch import free_port
 from dagtop.report import load
@@ -32,66 +30,14 @@ OFFSET_S = 7
 ITERATIONS = 14
 
 
-def _namespaces_permitted() -> str | None:
-    """Why the test cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "needs root for network, UTS and time namespaces"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"no `{tool}` on this machine"
-    probe = subprocess.run(["unshare", "--time", "--fork", "--monotonic", "1", "true"], capture_output=True)
-    if probe.returncode != 0:
-        return f"time namespaces not permitted: {probe.stderr.decode(errors='replace').strip()}"
-    name = f"dtprobe{uuid.uuid4().hex[:6]}"
-    made = subprocess.run(["ip", "netns", "add", name], capture_output=True)
-    if made.returncode != 0:
-        return f"network namespaces not permitted: {made.stderr.decode(errors='replace').strip()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
-
-
-pytestmark = pytest.mark.skipif(bool(_namespaces_permitted()), reason=str(_namespaces_permitted()))
-
-
-@dataclass
-class Host:
-    netns: str
-    link: str
-    address: str
-    hostname: str
-
-    def command(self, argv: list[str], clock_offset_s: int = 0) -> list[str]:
-        """``argv`` run on this host: its network namespace, its own hostname, its monotonic clock offset."""
-        inner = f'hostname {self.hostname} && exec "$@"'
-        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--time", "--fork",
-                "--monotonic", str(clock_offset_s), "sh", "-c", inner, "sh", *argv]
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+pytestmark = pytest.mark.skipif(bool(why_not_here(time_namespaces=True)),
+                                reason=str(why_not_here(time_namespaces=True)))
 
 
 @pytest.fixture
 def hosts() -> Iterator[tuple[Host, Host]]:
-    tag = uuid.uuid4().hex[:6]
-    net = 10 + int(tag[:2], 16) % 200
-    a = Host(f"dtA{tag}", f"va{tag}", f"10.{net}.7.1", "host-a")
-    b = Host(f"dtB{tag}", f"vb{tag}", f"10.{net}.7.2", "host-b")
-    made: list[str] = []
-    try:
-        for host in (a, b):
-            _ip("netns", "add", host.netns)
-            made.append(host.netns)
-        _ip("link", "add", a.link, "type", "veth", "peer", "name", b.link)
-        for host in (a, b):
-            _ip("link", "set", host.link, "netns", host.netns)
-            _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.link)
-            _ip("-n", host.netns, "link", "set", host.link, "up")
-            _ip("-n", host.netns, "link", "set", "lo", "up")
-        yield a, b
-    finally:
-        for name in made:  # deleting a namespace deletes its end of the veth pair, and so the pair
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    with two_hosts() as pair:
+        yield pair
 
 
 def _run_job(a: Host, b: Host, offset_s: int, out: Path) -> tuple[dict, int]:  # type: ignore[type-arg]
