@@ -88,13 +88,14 @@ def main() -> None:
     args = parser.parse_args()
     blocks = max(1, (args.tasks - 3 - args.buckets) // 2)
     print(f"{'ranks':>6} {'tasks':>8} {'nodes':>6} {'decode':>9} {'assemble':>9} {'asm+path':>9} {'analysis':>9}"
-          f" {'per task':>9} {'+Task objs':>10} {'naive nx':>9}")
+          f" {'per task':>9} {'+tasks':>10} {'naive nx':>9}")
     for ranks in args.ranks:
         _row(ranks, args.buckets, blocks, args.repeat if ranks <= 256 else max(1, args.repeat // 3))
     print("ms per iteration, median of repeats. asm+path = DAG assembly + critical path (the acceptance figure);\n"
           "analysis = that + straggler, per-rank rows and every what-if; decode = wire.decode of the ranks'\n"
-          "frames; +Task objs = analysis that also materialises the per-task Task tuples the UI draws, grouped\n"
-          "by rank; naive nx = a node per task in networkx, longest path only.")
+          "frames; +tasks = analysis that also hands over the tasks the UI draws, grouped by rank (as columns: a\n"
+          "rank's Task tuples are made when the screen reads it); naive nx = a node per task in networkx, longest\n"
+          "path only.")
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from dagtop.model import analysis as analysis_module
-from dagtop.model import dag, snapshot
+from dagtop.model import dag, tasks
 from dagtop.model import whatif as whatif_module
 from dagtop.model.analysis import analyse
 from dagtop.model.pipeline import Pipeline
-from dagtop.model.snapshot import Task, Tasks
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
+from dagtop.model.tasks import Task, Tasks
 from instrument.events import Event
 
 MS = 1_000_000
@@ -53,6 +53,36 @@ def test_the_analysis_hands_over_its_tasks_already_grouped_by_rank() -> None:
     plain = Tasks(tuple(a.tasks))
     assert plain.by_rank == a.tasks.by_rank and plain.end_ns == a.tasks.end_ns
     assert {r: set(v) for r, v in plain.lanes.items()} == {r: set(v) for r, v in a.tasks.lanes.items()}
+
+
+def test_a_ranks_tasks_are_made_when_read_and_only_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 1024 ranks the screen draws some 20: making every rank's 400 tuples each iteration cost the collector
+    0.1 s. Reading one rank makes that rank's tasks, once; the whole sequence is made only when iterated."""
+    made: list[int] = []
+    rows = tasks.TaskColumns.rows
+
+    def counting(self: tasks.TaskColumns, index: Any) -> tuple[Task, ...]:
+        out = rows(self, index)
+        made.append(len(out))
+        return out
+
+    monkeypatch.setattr(tasks.TaskColumns, "rows", counting)
+    frames = synthetic_frames(SyntheticJob(ranks=64, blocks=20), iterations=2)
+    p = Pipeline(window=None)
+    p.feed(frames)
+    p.finish()
+    a = p.analyses()[-1]
+    ends = a.tasks.last_end_by_rank()
+    assert made == [] and len(a.tasks) > 64 * 40 and a.tasks.end_ns == max(ends.values())  # counted, not made
+    mine = a.tasks.by_rank[5]
+    assert made == [len(mine)] and a.tasks.by_rank[5] is mine and {t.rank for t in mine} == {5}
+    everything = tuple(a.tasks)
+    assert made[-1] == len(everything) == len(a.tasks)
+    assert mine == tuple(t for t in everything if t.rank == 5)
+    assert Tasks(everything) == a.tasks and Tasks(everything).by_rank == a.tasks.by_rank
+    assert Tasks(everything).last_end_by_rank() == ends and ends[5] == max(t.end_ns for t in mine)
+    with pytest.raises(KeyError):
+        a.tasks.by_rank[64]
 
 
 def test_hand_built_and_given_up_tasks_are_grouped_too() -> None:
@@ -96,7 +126,7 @@ def test_each_analysis_replays_the_identity_once_and_walks_the_critical_path_onc
     assert len(walks) == 1
 
 
-@pytest.mark.parametrize("module", [dag, snapshot])
+@pytest.mark.parametrize("module", [dag, tasks])
 def test_the_docstring_examples_hold(module: Any) -> None:
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

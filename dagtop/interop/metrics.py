@@ -103,9 +103,8 @@ class SnapshotCollector(Collector):
 def _rank_rates(snap: Snapshot) -> dict[int, float]:
     ends: dict[int, list[int]] = {}
     for a in snap.iterations[-WINDOW:]:
-        for r, tasks in a.tasks.by_rank.items():
-            if tasks:
-                ends.setdefault(r, []).append(max(t.end_ns for t in tasks))
+        for r, end in a.tasks.last_end_by_rank().items():
+            ends.setdefault(r, []).append(end)
     out = {}
     for r, e in ends.items():
         steps = [b - a for a, b in itertools.pairwise(e) if b > a]

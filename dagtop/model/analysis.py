@@ -11,8 +11,9 @@ from dagtop.model.change import Change
 from dagtop.model.dag import ALLREDUCE, COLLECTIVE, RUN, IterationDag, assemble
 from dagtop.model.interference import InterferenceFit
 from dagtop.model.replay import CriticalNodes, critical_nodes, critical_segments, durations, replay, shares
-from dagtop.model.snapshot import NO_TASKS, AlphaBeta, Collective, IterationAnalysis, RankRow, Segment, Straggler
+from dagtop.model.snapshot import AlphaBeta, Collective, IterationAnalysis, RankRow, Segment, Straggler
 from dagtop.model.table import F64, I64, concat_ranges, run_starts
+from dagtop.model.tasks import NO_TASKS
 from dagtop.model.whatif import run_scenarios, scenarios, what_ifs
 from instrument.events import CATEGORIES, CATEGORY_CODE, Event
 

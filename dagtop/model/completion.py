@@ -16,7 +16,8 @@ from dagtop.model.admission import Admission
 from dagtop.model.analysis import analyse
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.interference import InterferenceFit
-from dagtop.model.snapshot import NO_TASKS, WARM_UP, IterationAnalysis
+from dagtop.model.snapshot import WARM_UP, IterationAnalysis
+from dagtop.model.tasks import NO_TASKS
 from dagtop.model.whatif import CommFit, transfers
 from dagtop.recording import RawFrame
 from instrument import wire

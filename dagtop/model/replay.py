@@ -8,7 +8,8 @@ import numpy as np
 
 from dagtop.model.dag import COLLECTIVE, ORIGIN, IterationDag
 from dagtop.model.snapshot import Segment
-from dagtop.model.table import CATEGORY_NAMES, F64, PHASE_NAMES
+from dagtop.model.table import F64
+from dagtop.model.tasks import CATEGORY_NAMES, PHASE_NAMES
 from instrument.events import CATEGORIES
 
 GAP_NAME = "untimed host work"

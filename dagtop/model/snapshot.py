@@ -7,83 +7,19 @@ common clock (each rank's monotonic clock shifted by its estimated offset), dura
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from dagtop.model.change import Change
 from dagtop.model.liveness import LivenessView
+from dagtop.model.tasks import Tasks
 from instrument.wire import Telemetry
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 WARM_UP = 1
 """Iterations ``0 .. WARM_UP - 1`` are warm-up, not the job's steady state: DDP rebuilds its buckets after
 iteration 0, and the first iteration also pays for allocator warm-up and lazy initialisation. They are left out
 of the steady verdict, the α-β fit of the collectives, ``report``'s default range and the history chart's scale."""
-
-
-class Task(NamedTuple):
-    """One timed task of one rank in one iteration, on the common clock: an :class:`~instrument.events.Event`
-    with its rank in front (the same fields in the same order, the same units). A tuple: an iteration has tens of
-    thousands."""
-
-    rank: int
-    category: str
-    phase: str
-    name: str
-    lane: str
-    start_ns: int
-    end_ns: int
-    bytes: int = 0
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-
-class Tasks(tuple[Task, ...]):
-    """An iteration's tasks, also grouped by rank the way the timeline draws them, so a redraw never regroups.
-
-    As a tuple: every task, in the order the analysis lists them (compute lanes, then each rank's collectives).
-    ``by_rank`` holds each rank's tasks in that same order and ``lanes`` the lanes they ran on; ``end_ns`` is the
-    latest task end. Built once by the collector thread and never changed after.
-
-    >>> ts = Tasks([Task(1, "io", "load", "next", "main", 0, 5), Task(0, "compute", "forward", "net", "gpu", 5, 9),
-    ...             Task(1, "allreduce", "allreduce", "bucket 0", "comm", 5, 7)])
-    >>> [t.name for t in ts.by_rank[1]], ts.lanes, ts.end_ns
-    (['next', 'bucket 0'], {1: ('main', 'comm'), 0: ('gpu',)}, 9)
-    """
-
-    by_rank: Mapping[int, tuple[Task, ...]]
-    """Rank → its tasks, in the tuple's order."""
-    lanes: Mapping[int, tuple[str, ...]]
-    """Rank → the lanes its tasks ran on (each once)."""
-    end_ns: int | None
-    """The latest task end (None without tasks)."""
-
-    def __new__(cls, tasks: Iterable[Task] = ()) -> Self:
-        self = super().__new__(cls, tasks)
-        grouped: dict[int, list[Task]] = {}
-        for t in self:
-            grouped.setdefault(t.rank, []).append(t)
-        self.by_rank = {r: tuple(ts) for r, ts in grouped.items()}
-        self.lanes = {r: tuple(dict.fromkeys(t.lane for t in ts)) for r, ts in grouped.items()}
-        self.end_ns = max((t.end_ns for t in self), default=None)
-        return self
-
-    @classmethod
-    def grouped(cls, tasks: Iterable[Task], by_rank: Mapping[int, tuple[Task, ...]],
-                lanes: Mapping[int, tuple[str, ...]], end_ns: int | None) -> Self:
-        """The tasks with a grouping the caller has already (the analysis cuts it from its columns): trusted."""
-        self = super().__new__(cls, tasks)
-        self.by_rank, self.lanes, self.end_ns = by_rank, lanes, end_ns
-        return self
-
-
-NO_TASKS = Tasks()
-"""The tasks of an analysis that gave them up (the pipeline's task budget) or never had them."""
 
 
 @dataclass(frozen=True, slots=True)

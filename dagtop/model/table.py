@@ -11,28 +11,23 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from dagtop.model.snapshot import Task, Tasks
-from instrument.events import CATEGORIES, LANE_CODE, LANES, PHASE_CODE, PHASES, Event, EventColumns
+from dagtop.model.tasks import LANE_NAMES, TaskColumns, Tasks
+from instrument.events import CATEGORIES, CATEGORY_CODE, LANE_CODE, LANES, PHASE_CODE, Event, EventColumns
 
 _LOAD, _H2D, _FORWARD, _BACKWARD, _UPDATE = (PHASE_CODE[p] for p in ("load", "h2d", "forward", "backward", "update"))
 COMM = LANE_CODE["comm"]
+_ALLREDUCE_CATEGORY, _ALLREDUCE_PHASE = CATEGORY_CODE["allreduce"], PHASE_CODE["allreduce"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 _LANE_RANK = np.array([sorted(LANES).index(name) for name in LANES], dtype=np.int64)
 """Wire lane code → position among a rank's lanes: by name (copy, gpu, main), as the DAG numbers them."""
-LANE_NAMES = np.array(LANES, dtype=object)
-CATEGORY_NAMES = np.array(CATEGORIES, dtype=object)
-PHASE_NAMES = np.array(PHASES, dtype=object)
-"""Code → name, as object arrays: indexing them with a code array names a whole column at once."""
-_make_task = partial(tuple.__new__, Task)
 
 
 def run_starts(x: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
@@ -203,28 +198,28 @@ class EventTable:
 
     def tasks(self) -> Tasks:
         """Every event as a :class:`Task` on the common clock (compute lanes in order, then each rank's
-        collectives in arrival order), built by C loops over the columns, with each rank's tasks cut out as
-        the two slices they occupy (its compute lanes, its collectives)."""
+        collectives in arrival order): the columns, each rank's rows being the two runs it occupies (its compute
+        lanes, its collectives). The tuples are made when read (:mod:`dagtop.model.tasks`)."""
         ranks = np.array(self.ranks, dtype=np.int64)
         names = np.array(list(itertools.chain.from_iterable(c.name for c in self.source)), dtype=object)
         base = np.zeros(len(self.source) + 1, dtype=np.int64)
         np.cumsum([len(c) for c in self.source], out=base[1:])
         order = np.lexsort((self.comm_src, self.comm_rank_idx))
         c_rank, c_src = self.comm_rank_idx[order], self.comm_src[order]
-        lanes = np.repeat(self.lane_code, self.lane_hi - self.lane_lo)
-        ends = np.concatenate([self.end_raw, self.comm_end[order]])
-        columns = (
-            np.concatenate([ranks[self.rank_idx], ranks[c_rank]]).tolist(),
-            np.concatenate([CATEGORY_NAMES[self.cat], np.full(len(order), "allreduce", dtype=object)]).tolist(),
-            np.concatenate([PHASE_NAMES[self.phase], np.full(len(order), "allreduce", dtype=object)]).tolist(),
-            names[np.concatenate([base[self.rank_idx] + self.src, base[c_rank] + c_src])].tolist(),
-            np.concatenate([LANE_NAMES[lanes], np.full(len(order), "comm", dtype=object)]).tolist(),
-            np.concatenate([self.start, self.comm_start[order]]).tolist(),
-            ends.tolist(),
-            np.concatenate([self.nbytes, self.comm_bytes[order]]).tolist(),
+        collectives = len(order)
+        columns = TaskColumns(
+            rank=np.concatenate([ranks[self.rank_idx], ranks[c_rank]]),
+            category=np.concatenate([self.cat, np.full(collectives, _ALLREDUCE_CATEGORY, dtype=self.cat.dtype)]),
+            phase=np.concatenate([self.phase, np.full(collectives, _ALLREDUCE_PHASE, dtype=self.phase.dtype)]),
+            name=np.concatenate([base[self.rank_idx] + self.src, base[c_rank] + c_src]),
+            lane=np.concatenate([np.repeat(self.lane_code, self.lane_hi - self.lane_lo),
+                                 np.full(collectives, COMM, dtype=np.int64)]),
+            start_ns=np.concatenate([self.start, self.comm_start[order]]),
+            end_ns=np.concatenate([self.end_raw, self.comm_end[order]]),
+            bytes=np.concatenate([self.nbytes, self.comm_bytes[order]]),
+            names=names,
         )
-        tasks = tuple(map(_make_task, zip(*columns)))
-        # Compute events are sorted by rank, and so are the collectives after them: two slices per rank.
+        # Compute events are sorted by rank, and so are the collectives after them: two runs of rows per rank.
         every = np.arange(len(ranks))
         k_lo = np.searchsorted(self.rank_idx, every, side="left").tolist()
         k_hi = np.searchsorted(self.rank_idx, every, side="right").tolist()
@@ -232,12 +227,14 @@ class EventTable:
         c_hi = (np.searchsorted(c_rank, every, side="right") + len(self.start)).tolist()
         lane_names = LANE_NAMES[self.lane_code].tolist()
         l_lo, l_hi = self.rank_lane_lo.tolist(), self.rank_lane_hi.tolist()
-        by_rank: dict[int, tuple[Task, ...]] = {}
+        rows: dict[int, list[tuple[int, int]]] = {}
         lanes_of: dict[int, tuple[str, ...]] = {}
         for i, r in enumerate(self.ranks):
-            by_rank[r] = tasks[k_lo[i]:k_hi[i]] + tasks[c_lo[i]:c_hi[i]]
+            runs = [(lo, hi) for lo, hi in ((k_lo[i], k_hi[i]), (c_lo[i], c_hi[i])) if hi > lo]
+            if runs:
+                rows[r] = runs
             lanes_of[r] = tuple(lane_names[l_lo[i]:l_hi[i]]) + (("comm",) if c_hi[i] > c_lo[i] else ())
-        return Tasks.grouped(tasks, by_rank, lanes_of, int(ends.max()) if len(ends) else None)
+        return Tasks.of_columns(columns, rows, lanes_of)
 
 
 def build_table(events: Mapping[int, Sequence[Event]], offsets: Mapping[int, int]) -> EventTable:

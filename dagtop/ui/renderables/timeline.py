@@ -19,7 +19,8 @@ from rich.style import Style
 from rich.text import Text
 
 from dagtop.model.lateness import lateness_ms
-from dagtop.model.snapshot import IterationAnalysis, Task
+from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.tasks import Task
 from dagtop.ui.palette import FOCUS_STYLE, STRAGGLER_COLOUR, colour
 from dagtop.ui.renderables.cells import Cell, cells_to_text
 from instrument.events import CATEGORIES
