@@ -1,6 +1,6 @@
-"""The collector folds frames with the cyclic garbage collector held off and freezes what it made: at 1024 ranks
-the collector's walks over every task tuple were more than half of the monitor's time (benchmarks/bench_scale.py).
-Garbage still goes, and a process that manages the collector itself is left alone."""
+"""The collector folds frames with the cyclic garbage collector held off and freezes what it made, out of the
+collector's later walks (dagtop/ui/collector.py says what that saves). Garbage still goes, and a process that
+manages the collector itself is left alone."""
 
 from __future__ import annotations
 

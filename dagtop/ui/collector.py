@@ -27,9 +27,8 @@ MAX_BATCH = 5_000
 """Frames folded per poll at most, so a replay at full speed still publishes snapshots as it goes."""
 THAW_EVERY_S = 60.0
 """How often what folding froze out of the garbage collector's scans is put back and collected once (see
-:meth:`Collector.fold`): what bounds how long a reference cycle caught by a freeze outlives its use (some 80 000
-objects at 1024 ranks). One full collection: about half a second at 1024 ranks of 400 events (their tasks),
-milliseconds at tens of ranks."""
+:meth:`Collector.fold`): what bounds how long a reference cycle caught by a freeze outlives its use. One full
+collection: about 20 ms at 1024 ranks of 400 events with 12 iterations kept (35 000 objects), less with fewer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,19 +113,18 @@ class Collector:
     def fold(self, frames: list[RawFrame]) -> None:
         """Feed the pipeline with the cyclic garbage collector held off, then freeze what folding made.
 
-        An iteration's analysis makes a task tuple per event (400 000 at 1024 ranks of 400 events), kept while it
-        stays in the window and freed by reference counts when it leaves: they hold no reference cycle, but the
-        collector cannot know. It walks each in every young collection it lives through, then in the full
-        collections, which come whenever what survived has grown by a quarter: at 1024 ranks more than half the
-        folding time, in pauses of up to a second that stop the UI thread too, and a monitor that falls behind
-        holds more and collects longer (benchmarks/bench_scale.py). Folding makes no cycles (past the first
-        iteration's imports), so no collection runs meanwhile, and ``gc.freeze`` then takes what is alive out of
-        every later scan (it is still freed by its reference counts).
+        An iteration's analysis leaves about 2 900 objects at 1024 ranks (rows, segments, collectives), kept while
+        it stays in the window. They hold no reference cycle, but the collector cannot know: it walks each in every
+        young collection it lives through, then in the full collections, which come whenever what survived has
+        grown by a quarter. Folding makes no cycles (past the first iteration's imports), so no collection runs
+        meanwhile, and ``gc.freeze`` then takes what is alive out of every later scan (it is still freed by its
+        reference counts). When each task was a tuple (410 000 an iteration at 1024 ranks) this was half the
+        monitor's time; with the tasks kept as columns (:mod:`dagtop.model.tasks`) it saves about 2 points of a
+        core at 1024 ranks (34 % against 36 %, two runs each of benchmarks/bench_scale.py).
 
         What came since the last freeze (the UI thread's objects, the snapshots: little) is collected first, so
-        that the garbage among it is not frozen. A cycle frozen alive that dies later (the UI thread's: some 1 300
-        objects a second at 1024 ranks) waits for the next thaw, every :data:`THAW_EVERY_S`: all put back,
-        collected once, frozen again.
+        that the garbage among it is not frozen. A cycle frozen alive that dies later (the UI thread's) waits for the
+        next thaw, every :data:`THAW_EVERY_S`: all put back, collected once, frozen again.
         """
         if not gc.isenabled():  # whoever turned the collector off is managing it
             self.pipeline.feed(frames)
