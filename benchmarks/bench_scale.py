@@ -68,6 +68,8 @@ SETTLE_S = 3.0
 """Seconds between the publishers connecting and the first frame: the subscriptions reach them through the relays."""
 FIRST_ITERATION_AT_S = 1.0
 SAMPLE_EVERY_S = 0.25
+KEY_TIMEOUT_S = 10.0
+"""How long browsing waits for the frame that answers a key before it gives up (and counts it inf)."""
 
 _FRAMES: list[list[bytes]] = []
 """Each rank's frames, hello first, set before the publishers fork (they inherit it, nothing is copied)."""
@@ -178,9 +180,10 @@ _BROWSED = re.compile(r"iteration (\d+)(?: of (\d+))?")
 
 def browse(session: str, seconds: float) -> list[float]:
     """Step back and forth between the newest two iterations with ← and → for ``seconds``, each key sent once the
-    pane shows the frame that answers the one before: seconds from each key to that frame (inf: none in 10 s).
+    pane shows the frame that answers the one before: seconds from each key to that frame (inf: none came).
 
-    ← shows ``iteration N-1 of N``, → ``iteration N``, N the newest when the first ← paused the screen."""
+    ← shows ``iteration N-1 of N``, → ``iteration N``, N the newest when the first ← paused the screen; a key
+    unanswered after :data:`KEY_TIMEOUT_S` ends browsing."""
     latencies: list[float] = []
     newest: int | None = None
     end = time.monotonic() + seconds
@@ -195,7 +198,7 @@ def browse(session: str, seconds: float) -> list[float]:
                 break
             if found and not back and found.group(2) is None and int(found.group(1)) == newest:
                 break
-            if time.monotonic() - sent > 10.0:
+            if time.monotonic() - sent > KEY_TIMEOUT_S:
                 return [*latencies, float("inf")]
             time.sleep(0.005)
         latencies.append(time.monotonic() - sent)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -78,3 +79,41 @@ def test_shared_sockets_send_every_ranks_frames_over_one_socket() -> None:
         sub.close(linger=0)
         bench_scale._FRAMES.clear()
     assert sorted(iterations) == [(r, i) for r in range(4) for i in range(2)]
+
+
+class FakePane:
+    """tmux for :func:`bench_scale.browse`: ← shows ``iteration 9 of 10``, → ``iteration 10``, each after
+    ``polls`` captures of the line as it was (a screen that takes a while to draw); ``answers`` keys at most."""
+
+    def __init__(self, polls: int, answers: int = 10**9) -> None:
+        self.polls, self.answers = polls, answers
+        self.line, self.pending, self.waited, self.keys = "dagtop │ iteration 10 │ 1.0 it/s", "", 0, []
+
+    def __call__(self, *args: str, check: bool = True) -> SimpleNamespace:
+        if args[0] == "send-keys":
+            self.keys.append(args[-1])
+            if len(self.keys) <= self.answers:
+                back = args[-1] == "Left"
+                self.pending = "dagtop  PAUSED  │ iteration " + ("9 of 10" if back else "10") + " │ 0.0 it/s"
+                self.waited = 0
+        elif args[0] == "capture-pane":
+            self.waited += 1
+            if self.pending and self.waited > self.polls:
+                self.line, self.pending = self.pending, ""
+        return SimpleNamespace(stdout=self.line + "\n")
+
+
+def test_browsing_times_each_key_to_the_frame_that_answers_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    pane = FakePane(polls=3)
+    monkeypatch.setattr(bench_scale, "tmux", pane)
+    latencies = bench_scale.browse("s", 0.3)
+    assert len(latencies) >= 2 and pane.keys[:2] == ["Left", "Right"]
+    assert len(pane.keys) == len(latencies)  # the next key only once the last was answered
+    assert all(0.015 <= t < 1.0 for t in latencies)  # three polls of 5 ms at least, each
+
+
+def test_a_key_the_screen_never_answers_ends_browsing_with_inf(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_scale, "tmux", FakePane(polls=0, answers=1))
+    monkeypatch.setattr(bench_scale, "KEY_TIMEOUT_S", 0.2)
+    latencies = bench_scale.browse("s", 5.0)
+    assert len(latencies) == 2 and latencies[-1] == float("inf")
