@@ -9,7 +9,6 @@ all of them (an export) makes them all, once.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -79,18 +78,18 @@ class _ByRank(Mapping[int, tuple[Task, ...]]):
     """Rank → its tasks, each rank's made from the columns on its first read and kept."""
 
     def __init__(self, columns: TaskColumns, rows: Mapping[int, Sequence[tuple[int, int]]]) -> None:
-        self._columns, self.rows = columns, rows
+        self._columns = columns
+        self.rows = rows
         """Rank → its row ranges in the columns."""
         self._made: dict[int, tuple[Task, ...]] = {}
-        self._lock = threading.Lock()  # the collector thread makes the tasks, the UI thread reads them
 
     def __getitem__(self, rank: int) -> tuple[Task, ...]:
         made = self._made.get(rank)
         if made is None:
             ranges = self.rows[rank]  # KeyError for a rank without tasks, as a dict's
             index = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
-            with self._lock:
-                made = self._made.setdefault(rank, self._columns.rows(index))
+            # Two threads reading one rank at once both make it; setdefault keeps one (atomic under the GIL).
+            made = self._made.setdefault(rank, self._columns.rows(index))
         return made
 
     def __iter__(self) -> Iterator[int]:
