@@ -31,6 +31,8 @@ Measured, over the ``--seconds`` after a ``--warmup``:
   benchmark browses iterations with ← and → (the first ← pauses; collecting goes on underneath, as it would for a
   user), sending each key once the pane shows the frame that answers the last: every key redraws every panel on
   another iteration. frames/s is keys answered per second, so tmux's own round trips count against it;
+- live sort p50/p95: before browsing, for as long, ``s`` cycles the rank table's sort while the screen stays live
+  (new snapshots keep coming): from each key to the frame whose rank table is titled with the new sort;
 - the monitor's CPU (% of one core, user+system of its process tree, psutil) and its peak RSS; the relays' and the
   publishers' CPU too, since on a small machine they compete with the monitor for the same cores;
 - whether the publishers kept to their schedule (p95 of how late they sent): where they did not, the machine
@@ -51,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,7 @@ from bench_monitor import RANKS_PER_HOST, START_NS, tree_cpu_s
 
 from dagtop.demo.launch import free_endpoint
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
+from dagtop.ui.widgets.rank_table import SORTS
 from instrument import wire
 
 TMUX_SOCKET = "benchscale"
@@ -150,6 +154,8 @@ class Result:
     views_per_s: float | None
     key_latencies: list[float]
     """Seconds from each browsing key to the frame that answered it."""
+    live_key_latencies: list[float]
+    """Seconds from each sort key, pressed while live, to the frame that answered it."""
     monitor_cpu: float
     monitor_rss_mb: float
     relays_cpu: float
@@ -178,31 +184,61 @@ def percentile(values: list[float], q: float) -> float:
 _BROWSED = re.compile(r"iteration (\d+)(?: of (\d+))?")
 
 
+def _answered_in(session: str, key: str, answered: Callable[[str], bool], first_line: bool) -> float:
+    """Send ``key``; seconds until the pane (its first line only, if ``first_line``) shows what ``answered``
+    looks for, polled every 5 ms; inf after :data:`KEY_TIMEOUT_S`."""
+    lines = ("-S", "0", "-E", "0") if first_line else ()
+    sent = time.monotonic()
+    tmux("send-keys", "-t", session, key)
+    while not answered(tmux("capture-pane", "-p", "-t", session, *lines).stdout):
+        if time.monotonic() - sent > KEY_TIMEOUT_S:
+            return float("inf")
+        time.sleep(0.005)
+    return time.monotonic() - sent
+
+
+def _timed_keys(seconds: float, press: Callable[[int], float]) -> list[float]:
+    """``press(k)`` for k = 0, 1, … for ``seconds``, each once the one before was answered; stops at an inf."""
+    latencies: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and (not latencies or latencies[-1] != float("inf")):
+        latencies.append(press(len(latencies)))
+    return latencies
+
+
 def browse(session: str, seconds: float) -> list[float]:
     """Step back and forth between the newest two iterations with ← and → for ``seconds``, each key sent once the
     pane shows the frame that answers the one before: seconds from each key to that frame (inf: none came).
 
     ← shows ``iteration N-1 of N``, → ``iteration N``, N the newest when the first ← paused the screen; a key
     unanswered after :data:`KEY_TIMEOUT_S` ends browsing."""
-    latencies: list[float] = []
-    newest: int | None = None
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        back = len(latencies) % 2 == 0
-        sent = time.monotonic()
-        tmux("send-keys", "-t", session, "Left" if back else "Right")
-        while True:
-            found = _BROWSED.search(tmux("capture-pane", "-p", "-t", session, "-S", "0", "-E", "0").stdout)
-            if found and back and found.group(2) and int(found.group(1)) == int(found.group(2)) - 1:
-                newest = int(found.group(2))
-                break
-            if found and not back and found.group(2) is None and int(found.group(1)) == newest:
-                break
-            if time.monotonic() - sent > KEY_TIMEOUT_S:
-                return [*latencies, float("inf")]
-            time.sleep(0.005)
-        latencies.append(time.monotonic() - sent)
-    return latencies
+    newest: list[int] = []
+
+    def back(line: str) -> bool:
+        found = _BROWSED.search(line)
+        if found and found.group(2) and int(found.group(1)) == int(found.group(2)) - 1:
+            newest[:] = [int(found.group(2))]
+            return True
+        return False
+
+    def forward(line: str) -> bool:
+        found = _BROWSED.search(line)
+        return bool(found and found.group(2) is None and [int(found.group(1))] == newest)
+
+    return _timed_keys(seconds, lambda k: _answered_in(session, *(("Left", back) if k % 2 == 0 else
+                                                                   ("Right", forward)), first_line=True))
+
+
+def sort_live(session: str, seconds: float) -> list[float]:
+    """Cycle the rank table's sort with ``s`` for ``seconds`` while the screen stays live (new snapshots keep
+    coming): seconds from each key to the frame whose rank table is titled with the new sort."""
+    titles = ["slowest first" if key == "auto" else f"by {key}" for key in SORTS]
+
+    def press(k: int) -> float:
+        now, before = titles[(k + 1) % len(titles)], titles[k % len(titles)]
+        return _answered_in(session, "s", lambda pane: now in pane and before not in pane, first_line=False)
+
+    return _timed_keys(seconds, press)
 
 
 def shown_iteration(screen: str) -> int | None:
@@ -274,6 +310,7 @@ def measure(ranks: int, args: argparse.Namespace, workdir: Path) -> Result:
             print(screen, file=sys.stderr)
         used = [tree_cpu_s(monitor_process) - cpu[0], sum(map(tree_cpu_s, relay_ps)) - cpu[1],
                 sum(map(tree_cpu_s, pub_ps)) - cpu[2]]
+        live_keys = sort_live(session, args.browse) if args.browse > 0 else []
         browse_at = time.monotonic()
         keys = browse(session, args.browse) if args.browse > 0 else []
         tmux("send-keys", "-t", session, "q")
@@ -302,7 +339,7 @@ def measure(ranks: int, args: argparse.Namespace, workdir: Path) -> Result:
         tmux("kill-session", "-t", session, check=False)
     advanced = 0 if shown_begin is None or shown_end is None else shown_end - shown_begin
     window = t_end - t_begin
-    return Result(ranks, advanced * ranks * events / window, lags, views_per_s, keys, 100 * used[0] / window,
+    return Result(ranks, advanced * ranks * events / window, lags, views_per_s, keys, live_keys, 100 * used[0] / window,
                   rss / 2**20,
                   100 * used[1] / window, 100 * used[2] / window, late.value, relay_lines,
                   None if shown_end is None else shown_end + 1,
@@ -340,19 +377,19 @@ def main() -> None:
           f"{route}, {args.publishers} publisher processes, {sockets}, --refresh {args.refresh:g}; "
           f"{args.seconds:g} s measured after {args.warmup:g} s")
     print(f"{'ranks':>5}  {'events/s':>9}  {'lag p50':>7}  {'lag p95':>7}  {'views/s':>7}  {'frames/s':>8}  "
-          f"{'key→frame p50/p95':>17}  {'monitor CPU':>11}  {'RSS MB':>6}  {'relays CPU':>10}  {'pubs CPU':>8}  "
+          f"{'key→frame p50/p95':>17}  {'live sort p50/p95':>17}  {'monitor CPU':>11}  {'RSS MB':>6}  {'relays CPU':>10}  {'pubs CPU':>8}  "
           f"shown/sent  publishers on time")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         try:
             for ranks in (int(r) for r in args.ranks.split(",")):
                 r = measure(ranks, args, Path(tmp))
                 views = "?" if r.views_per_s is None else f"{r.views_per_s:.2f}"
-                keys = (f"{percentile(r.key_latencies, 0.5) * 1e3:.0f}/{percentile(r.key_latencies, 0.95) * 1e3:.0f} ms"
-                        if r.key_latencies else "-")
+                keys, live = (f"{percentile(k, 0.5) * 1e3:.0f}/{percentile(k, 0.95) * 1e3:.0f} ms" if k else "-"
+                              for k in (r.key_latencies, r.live_key_latencies))
                 on_time = ("yes" if r.publishers_late_p95_s < 0.5 else
                            f"NO (p95 {r.publishers_late_p95_s:.1f} s late: this machine cannot host the ranks too)")
                 print(f"{r.ranks:>5}  {r.events_per_s:>9.0f}  {r.pct(0.5):>6.2f}s  {r.pct(0.95):>6.2f}s  {views:>7}  "
-                      f"{r.frames_per_s:>8.2f}  {keys:>17}  "
+                      f"{r.frames_per_s:>8.2f}  {keys:>17}  {live:>17}  "
                       f"{r.monitor_cpu:>10.0f}%  {r.monitor_rss_mb:>6.0f}  {r.relays_cpu:>9.1f}%  "
                       f"{r.publishers_cpu:>7.1f}%  {r.shown}/{r.sent}  {on_time}", flush=True)
                 for line in r.relay_lines:

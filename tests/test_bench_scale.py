@@ -117,3 +117,24 @@ def test_a_key_the_screen_never_answers_ends_browsing_with_inf(monkeypatch: pyte
     monkeypatch.setattr(bench_scale, "KEY_TIMEOUT_S", 0.2)
     latencies = bench_scale.browse("s", 5.0)
     assert len(latencies) == 2 and latencies[-1] == float("inf")
+
+
+def test_sorting_live_waits_for_the_rank_table_titled_with_each_sort_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dagtop.ui.widgets.rank_table import SORTS
+
+    titles = ["slowest first" if key == "auto" else f"by {key}" for key in SORTS]
+    pane = SimpleNamespace(keys=[], shown=0, captures=0)
+
+    def tmux(*args: str, check: bool = True) -> SimpleNamespace:
+        if args[0] == "send-keys":
+            pane.keys.append(args[-1])
+        elif args[0] == "capture-pane":
+            pane.captures += 1
+            if pane.captures % 2 == 0:  # the frame comes on the second look
+                pane.shown = len(pane.keys)
+        return SimpleNamespace(stdout=f"╭─ ranks ─ {titles[pane.shown % len(titles)]} · 1–20 of 64 ─╮\n")
+
+    monkeypatch.setattr(bench_scale, "tmux", tmux)
+    latencies = bench_scale.sort_live("s", 1.0)
+    assert len(latencies) > len(titles) and set(pane.keys) == {"s"}  # round the whole cycle, back to the first
+    assert len(pane.keys) == len(latencies) and all(t < 1.0 for t in latencies)
