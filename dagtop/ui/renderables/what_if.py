@@ -31,7 +31,7 @@ def throughput_text(w: WhatIf, with_efficiency: bool = True) -> Text:
     return text
 
 
-def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False) -> Table:
+def what_if_table(analysis: IterationAnalysis, width: int) -> Table:
     """Rows: now (measured and modelled), then each change by predicted throughput, best first.
 
     The figures keep their width; where the change names do not fit, a name is shortened with "…" before its
@@ -50,11 +50,11 @@ def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False
     figures_w = max(t.cell_len for t in throughput)
     longest = max(name.cell_len + marks.cell_len for name, marks in names)
     gap = 3  # between two columns: padding (0, 1) each side and the box's blank divider; none at the edges
-    header = "throughput" if explain or width - ms_w - len("throughput") - 2 * gap >= longest else "thrpt"
+    header = "throughput" if width - ms_w - len("throughput") - 2 * gap >= longest else "thrpt"
     throughput_w = max(figures_w, len(header))
     room = width - ms_w - throughput_w - 2 * gap  # for the names
     # The bar is what gives way first: whatever the names leave, up to 12 cells, none under 4.
-    bar_w = max(0, min(12, width - 46)) if explain else min(12, room - longest - gap)
+    bar_w = min(12, room - longest - gap)
     bar_w = bar_w if bar_w >= 4 else 0
 
     table = Table(box=box.SIMPLE_HEAD, expand=True, padding=(0, 1), show_edge=False, pad_edge=False)
@@ -63,20 +63,13 @@ def what_if_table(analysis: IterationAnalysis, width: int, explain: bool = False
     table.add_column(header, justify="right", no_wrap=True, min_width=throughput_w)
     if bar_w:
         table.add_column("", no_wrap=True, width=bar_w, overflow="crop")  # a bar squeezed is cut, not "…"
-    if explain:
-        table.add_column("what it means", overflow="fold")
-    meanings = [f"measured {analysis.measured_ms:.1f} ms; {Change.IDENTITY.assumption}",
-                *(w.change.assumption for w in changes)]
     bars = [Text(""), *(speedup_bar(w.throughput, bar_w) for w in changes)]
     room -= bar_w + gap if bar_w else 0
-    for (name, marks), ms_cell, throughput_cell, bar, meaning in zip(names, ms, throughput, bars, meanings,
-                                                                      strict=True):
-        if not explain and name.cell_len + marks.cell_len > room:
+    for (name, marks), ms_cell, throughput_cell, bar in zip(names, ms, throughput, bars, strict=True):
+        if name.cell_len + marks.cell_len > room:
             name.truncate(max(1, room - marks.cell_len), overflow="ellipsis")
         cells: list[Text | str] = [name + marks, ms_cell, throughput_cell]
         if bar_w:
             cells.append(bar)
-        if explain:
-            cells.append(meaning)
         table.add_row(*cells)
     return table
