@@ -78,25 +78,23 @@ class _ByRank(Mapping[int, tuple[Task, ...]]):
     """Rank → its tasks, each rank's made from the columns on its first read and kept."""
 
     def __init__(self, columns: TaskColumns, rows: Mapping[int, Sequence[tuple[int, int]]]) -> None:
-        self._columns = columns
-        self.rows = rows
-        """Rank → its row ranges in the columns."""
+        self._columns, self._rows = columns, rows
         self._made: dict[int, tuple[Task, ...]] = {}
 
     def __getitem__(self, rank: int) -> tuple[Task, ...]:
         made = self._made.get(rank)
         if made is None:
-            ranges = self.rows[rank]  # KeyError for a rank without tasks, as a dict's
+            ranges = self._rows[rank]  # KeyError for a rank without tasks, as a dict's
             index = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
             # Two threads reading one rank at once both make it; setdefault keeps one (atomic under the GIL).
             made = self._made.setdefault(rank, self._columns.rows(index))
         return made
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.rows)
+        return iter(self._rows)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._rows)
 
 
 class Tasks(Sequence[Task]):
@@ -112,7 +110,7 @@ class Tasks(Sequence[Task]):
     (['next', 'bucket 0'], {1: ('main', 'comm'), 0: ('gpu',)}, 9)
     """
 
-    __slots__ = ("_all", "_columns", "by_rank", "end_ns", "lanes")
+    __slots__ = ("_all", "_columns", "_rows", "by_rank", "end_ns", "lanes")
 
     by_rank: Mapping[int, tuple[Task, ...]]
     """Rank → its tasks, in the sequence's order."""
@@ -125,6 +123,7 @@ class Tasks(Sequence[Task]):
         """The tasks given, grouped here."""
         self._all: tuple[Task, ...] | None = tuple(tasks)
         self._columns: TaskColumns | None = None
+        self._rows: Mapping[int, Sequence[tuple[int, int]]] = {}
         grouped: dict[int, list[Task]] = {}
         for t in self._all:
             grouped.setdefault(t.rank, []).append(t)
@@ -138,7 +137,7 @@ class Tasks(Sequence[Task]):
         """The tasks in ``columns``, each rank's in the row ranges ``rows[rank]`` (``(lo, hi)``, in order, not
         empty), made when read."""
         self = cls.__new__(cls)
-        self._all, self._columns = None, columns
+        self._all, self._columns, self._rows = None, columns, rows
         self.by_rank = _ByRank(columns, rows)
         self.lanes = lanes
         self.end_ns = int(columns.end_ns.max()) if len(columns) else None
@@ -146,10 +145,10 @@ class Tasks(Sequence[Task]):
 
     def last_end_by_rank(self) -> dict[int, int]:
         """Rank → the end of its latest task, without making the tasks."""
-        if self._columns is None or not isinstance(self.by_rank, _ByRank):
+        if self._columns is None:
             return {r: max(t.end_ns for t in ts) for r, ts in self.by_rank.items() if ts}
-        end = self._columns.end_ns
-        return {r: max(int(end[lo:hi].max()) for lo, hi in ranges) for r, ranges in self.by_rank.rows.items()}
+        end, rows = self._columns.end_ns, self._rows
+        return {r: max(int(end[lo:hi].max()) for lo, hi in ranges) for r, ranges in rows.items()}
 
     def _tasks(self) -> tuple[Task, ...]:
         if self._all is None:
@@ -158,7 +157,7 @@ class Tasks(Sequence[Task]):
         return self._all
 
     def __len__(self) -> int:
-        return len(self._columns) if self._all is None and self._columns is not None else len(self._tasks())
+        return len(self._columns) if self._columns is not None else len(self._tasks())
 
     @overload
     def __getitem__(self, i: int) -> Task: ...
