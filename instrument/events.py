@@ -20,6 +20,20 @@ LANES: Final = ("main", "gpu", "copy", "comm")
 the host-to-device copies, ``comm`` the collectives (one serial channel, as in WFBP).
 """
 
+SCRIPT: Final = " (script)"
+"""Ends the name of a collective the training script called itself, by op (``all_reduce (script)``,
+``barrier (script) #2``: the second of one name in an iteration; instrument/collectives.py). The monitor matches
+these across ranks as collectives that hold the calling rank's training thread."""
+COLLECTIVE_WORDS: Final = ("all-reduce", "all-gather", "reduce-scatter")
+"""First word of the collectives dagtop times in a framework (DDP's ``all-reduce bucket 7``, FSDP's
+``all-gather layers.0``)."""
+
+
+def is_collective_task(task: str) -> bool:
+    """Whether a task (a heartbeat's open task, an event's name) is a collective: a rank in one waits for the
+    others."""
+    return task.split(" ", 1)[0] in COLLECTIVE_WORDS or SCRIPT in task
+
 
 class Event(NamedTuple):
     """One timed task on one rank, as it travels."""

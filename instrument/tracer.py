@@ -163,6 +163,7 @@ class Tracer:
         self._events: list[tuple[Any, ...]] = []
         self._handles: list[Any] = []
         self._comm: Any = None
+        self._script: Any = None
         self._telemetry: Any = None
         self._blocks: Any = None
         self._layers: Any = None
@@ -267,6 +268,7 @@ class Tracer:
             self._telemetry = TelemetryThread(self._publisher.put_telemetry, rank=self.rank,
                                               local_rank=self.local_rank, host=socket.gethostname(),
                                               cuda_index=cuda_index)
+        shards = None
         if ddp is not None:
             from instrument.comm import BucketTimer, time_buffer_sync
 
@@ -286,6 +288,12 @@ class Tracer:
             reason = untimed(modules, shards)
             if reason:
                 warnings.warn(f"dagtop: rank {self.rank} of {self.world} {reason}", RuntimeWarning, stacklevel=4)
+        if ddp is not None or shards is not None:
+            from instrument.collectives import ScriptCollectives
+
+            # The script's own all_reduce, barrier... as collectives across ranks, beside DDP's or FSDP's.
+            self._script = ScriptCollectives(self._events.append, stamp, switch, self._fail, lambda: self.iteration)
+            self._handles.append(self._script)  # its remove() gives torch.distributed its functions back
 
     @property
     def enabled(self) -> bool:
@@ -575,6 +583,9 @@ class Tracer:
         return self.iteration, task, since
 
     def _open_task(self) -> tuple[str, Any]:
+        script: tuple[str, int] | None = self._script.in_flight() if self._script is not None else None
+        if script is not None:
+            return script
         in_flight = self._comm.in_flight() if self._comm is not None else None
         if in_flight is not None:
             return f"all-reduce {in_flight[0]}", in_flight[1]

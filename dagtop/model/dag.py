@@ -61,7 +61,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dagtop.model.table import F64, I64, EventTable, build_table, run_starts
-from instrument.events import CATEGORIES, CATEGORY_CODE, PHASE_CODE, Event
+from instrument.events import CATEGORIES, CATEGORY_CODE, PHASE_CODE, SCRIPT, Event
 
 ALLREDUCE = CATEGORY_CODE["allreduce"]
 """Column of the collectives' time in every per-category array."""
@@ -70,7 +70,8 @@ GATHER_KINDS = {"all-gather": True, "reduce-scatter": False, "all-reduce": False
 """FSDP's collectives (instrument/fsdp.py), by the first word of their name: True, the rank's compute always waits
 for it (an all-gather brings the unit's parameters); False, only where the rank's compute lane was idle while it
 ran (a reduce-scatter, or HSDP's all-reduce, that held the training thread). Other collectives (DDP's buckets)
-gate only the update."""
+gate only the update. The script's own collectives (``all_reduce (script)``, instrument/collectives.py) gate like a
+reduce-scatter: the training thread that called them waits for them, unless it went on (``async_op=True``)."""
 
 ORIGIN, RUN, COLLECTIVE = 0, 1, 2
 """Node kinds: a rank's fixed start, a contracted stretch of one lane, a collective across ranks."""
@@ -171,10 +172,18 @@ def assemble(
     lane_first, lane_last = t.start[t.lane_lo], t.end[t.lane_hi - 1]
     has_lanes = t.rank_lane_hi > t.rank_lane_lo
 
-    # Each rank's origin: its previous update end, or its first task.
+    # The script's own collectives (instrument/collectives.py) hold the training thread wherever they are called:
+    # before its first task (a barrier after the last step), or between the backward and the update.
+    script = np.fromiter((SCRIPT in name for name in t.comm_names), dtype=bool, count=len(t.comm_names))
+    early = np.full(n_ranks, np.iinfo(np.int64).max, dtype=np.int64)
+    if script.any():
+        np.minimum.at(early, t.comm_rank_idx[script], t.comm_start[script])
+
+    # Each rank's origin: its previous update end, or its first task (or first script collective).
     first_start = np.zeros(n_ranks, dtype=np.int64)
     if n_lanes:
         first_start[has_lanes] = np.minimum.reduceat(lane_first, t.rank_lane_lo[has_lanes])
+    first_start = np.minimum(first_start, early)
     if not has_lanes.all():  # only collectives: anchored at the rank's first ready
         comm_first = np.flatnonzero(run_starts(t.comm_rank_idx))
         alone = ~has_lanes[t.comm_rank_idx[comm_first]]
@@ -185,15 +194,22 @@ def assemble(
     bwd, upd = t.first_per_rank(_BACKWARD), t.last_per_rank(_UPDATE)
     marker_lane = np.zeros(n_ranks, dtype=np.int64)
     lo, hi = first_start.copy(), first_start.copy()
+    hi_script = hi
     if n_lanes:
         lane_of_bwd, lane_of_upd = t.lane_of[bwd.clip(0)], t.lane_of[upd.clip(0)]
         marker_lane = np.where(bwd >= 0, lane_of_bwd, np.where(upd >= 0, lane_of_upd, t.rank_lane_lo))
         marker_lane[~has_lanes] = 0
-        lo, hi = lane_first[marker_lane], lane_last[marker_lane]
-        # A bucket is ready before the update that waits for it, whatever the clocks say.
+        if script.any():  # the marker lane begins at the rank's first script collective, if that came first
+            lane_first = lane_first.copy()
+            np.minimum.at(lane_first, marker_lane[has_lanes], early[has_lanes])
+        lo, hi = lane_first[marker_lane], lane_last[marker_lane].copy()
+        hi_script = hi.copy()
+        # A bucket is ready before the update that waits for it, whatever the clocks say; a script collective
+        # before the update itself (it may come after the task before it).
         upd_on_marker = (upd >= 0) & (lane_of_upd == marker_lane)
         u = upd[upd_on_marker]
         hi[upd_on_marker] = np.where(u > t.lane_lo[t.lane_of[u]], t.end[u - 1], t.start[u])
+        hi_script[upd_on_marker] = t.start[u]
 
     cross = [e for r in np.flatnonzero(t.rank_lane_hi - t.rank_lane_lo > 1).tolist() for e in t.cross_lane_edges(r)]
     cross_src = np.array([s for s, _ in cross], dtype=np.int64)
@@ -203,12 +219,13 @@ def assemble(
     # update, after each cross-lane source. A cut is (end of the stretch on its left, start on its right).
     with_lanes = has_lanes[t.comm_rank_idx]
     c_rank = t.comm_rank_idx[with_lanes]
-    ready = np.minimum(np.maximum(t.comm_start[with_lanes], lo[c_rank]), hi[c_rank])
+    c_hi = np.where(script[with_lanes], hi_script[c_rank], hi[c_rank])
+    ready = np.minimum(np.maximum(t.comm_start[with_lanes], lo[c_rank]), c_hi)
     c_end = np.maximum(t.comm_end[with_lanes], ready)
     before = np.unique(np.concatenate([upd[upd >= 0], cross_dst, cross_src + 1]))
     before = before[before < len(t.start)]
     before = before[before > t.lane_lo[t.lane_of[before]]]  # never before a lane's first task
-    g_idx, g_lane, g_left, g_right = _gather_cuts(t, with_lanes, c_rank, marker_lane, ready, c_end, hi)
+    g_idx, g_lane, g_left, g_right = _gather_cuts(t, with_lanes, c_rank, marker_lane, ready, c_end, c_hi)
     cut_lane = np.concatenate([marker_lane[c_rank], t.lane_of[before], g_lane]).astype(np.int64)
     cut_left = np.concatenate([ready, t.end[before - 1], g_left])
     cut_right = np.concatenate([ready, t.start[before], g_right])
@@ -300,7 +317,7 @@ def assemble(
 
 
 def _gather_cuts(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, marker_lane: I64, ready: I64,
-                 c_end: I64, hi: I64) -> tuple[I64, I64, I64, I64]:
+                 c_end: I64, c_hi: I64) -> tuple[I64, I64, I64, I64]:
     """Where a rank resumes computing after an FSDP collective it waited for: (the collective's index among the
     collectives' events, lane, left, right) per such collective and rank.
 
@@ -314,7 +331,7 @@ def _gather_cuts(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, 
     to wait: the cut is where it ends.
     """
     names = list(itertools.compress(t.comm_names, with_lanes.tolist()))
-    kind = [GATHER_KINDS.get(name.split(" ", 1)[0]) for name in names]
+    kind = [False if SCRIPT in name else GATHER_KINDS.get(name.split(" ", 1)[0]) for name in names]
     g_idx = np.array([i for i, k in enumerate(kind) if k is not None], dtype=np.int64)
     if not len(g_idx):
         empty = np.zeros(0, dtype=np.int64)
@@ -322,7 +339,7 @@ def _gather_cuts(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, 
     always = np.array([kind[i] for i in g_idx.tolist()], dtype=bool)
     rank = c_rank[g_idx]
     lane, issued = marker_lane[rank], ready[g_idx]
-    end = np.minimum(c_end[g_idx], hi[rank])
+    end = np.minimum(c_end[g_idx], c_hi[g_idx])
     # The last task of the lane that starts before the collective's end, and the one after it.
     j = np.searchsorted(t.key, lane * t.span + np.clip(end - t.t0, 0, t.span - 1), side="left") - 1
     started = j >= t.lane_lo[lane]
