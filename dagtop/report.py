@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dagtop.exits import Exit
-from dagtop.model.liveness import ranks_text, where
+from dagtop.model.liveness import Holder, Stall, ranks_text, where
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import WARM_UP, IterationAnalysis
 from dagtop.model.summary import collectives, summarize
@@ -99,9 +99,7 @@ def run_report(args: argparse.Namespace) -> int:
     summary["truncated"] = truncated
     summary["notes"] = list(snap.notes)
     summary["intake"] = intake_of(path)
-    summary["stalls"] = [{"rank": x.rank, "iteration": x.iteration, "task": x.task, "silent_s": x.silent_s,
-                          "resumed": x.resumed, "waiting": [{"task": t, "ranks": list(r)} for t, r in x.waiting]}
-                         for x in pipeline.liveness.stalls]
+    summary["stalls"] = [stall_json(x) for x in pipeline.liveness.stalls]
     summary["restarts"] = [{"rank": x.rank, "old_pid": x.old_pid, "new_pid": x.new_pid, "iteration": x.iteration}
                            for x in pipeline.liveness.restarts]
     if getattr(args, "json", False):
@@ -112,19 +110,35 @@ def run_report(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+def stall_json(x: Stall) -> dict[str, Any]:
+    """One stall as docs/report.md describes ``stalls``."""
+    return {"iteration": x.iteration, "confirmed": x.confirmed, "duration_s": x.stalled_s, "resumed": x.resumed,
+            "holders": [{"rank": h.rank, "task": h.task, "open_s": round(h.open_s, 1), "silent_s": round(h.silent_s, 1)}
+                        for h in x.holders],
+            "waiting": [{"task": t, "ranks": list(r)} for t, r in x.waiting]}
+
+
 def write_text(s: dict[str, Any], out: TextIO) -> None:
     """The human-readable report."""
     w = out.write
     it = s["iteration_ms"]
     w(f"{s['ranks']} ranks, {s['iterations']} iterations analysed ({s['first_iteration']}..{s['last_iteration']})"
-      f"{', ' + str(s['incomplete_iterations']) + ' incomplete left out' if s['incomplete_iterations'] else ''}\n")
+      f"{', ' + str(s['incomplete_iterations']) + ' incomplete left out' if s['incomplete_iterations'] else ''}"
+      f"{', ' + str(s['stalled_iterations']) + ' stalled left out' if s.get('stalled_iterations') else ''}\n")
     w(f"iteration time   median {it['median']:.1f} ms, p90 {it['p90']:.1f} ms "
       f"(model {s['predicted_iteration_ms']:.1f} ms, error {s['model_error'] * 100:.1f} %)\n")
-    w(f"bottleneck       {s['bottleneck']}\n")
+    tie = s.get("tied_with")
+    w(f"bottleneck       {s['bottleneck']}"
+      + (f" ≈ {tie} ({s['critical_path'][s['bottleneck']] * 100:.0f} % / {s['critical_path'][tie] * 100:.0f} %: "
+         "within the iterations' spread)" if tie else "") + "\n")
     st = s["straggler"]
-    w("straggler        " + (f"rank {st['rank']}: busy {st['busy_excess_ms']:+.1f} ms per iteration against the "
-                             f"other ranks' median; {st['category']} {st['excess_ms']:+.1f} ms before the collective "
-                             "it held up\n" if st else "none\n"))
+    if st:
+        lo, hi = st["busy_excess_range_ms"]
+        w(f"straggler        rank {st['rank']}: busy {st['busy_excess_ms']:+.1f} ms per iteration [{lo:.1f}, "
+          f"{hi:.1f} at 95 %] over the other ranks' median, most of it {st['category']} ({st['excess_ms']:+.1f} ms); "
+          f"above them in {st['above']} of {st['iterations']} iterations (p = {st['p_value']:.1g})\n")
+    else:
+        w("straggler        none (no rank's excess passes the sign test and the minimum effect)\n")
     w("critical path    " + "  ".join(f"{c} {share * 100:.0f} %" for c, share in
                                       sorted(s["critical_path"].items(), key=lambda kv: -kv[1]) if share > 0) + "\n")
     if s["communication_seen"] or s["ranks"] < 2:
@@ -132,8 +146,8 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
           f"{s['overlap_ratio'] * 100:.0f} % hidden under compute\n")
     else:
         w("communication    none seen: no collective was timed on any rank\n"
-          "                 (dagtop times DDP's all-reduce and fully_shard's all-gathers and reduce-scatters; not\n"
-          "                 FSDP1 or hand-written collectives)\n")
+          "                 (dagtop times DDP's all-reduce, fully_shard's all-gathers and reduce-scatters, and the\n"
+          "                 script's own collectives beside them; not FSDP1, nor collectives of a job without either)\n")
     on_path = [c for c in s.get("collectives", ()) if c["critical_path"] > 0]
     width = max((len(c["name"]) for c in on_path[:COLLECTIVES_SHOWN]), default=0)
     for i, c in enumerate(on_path[:COLLECTIVES_SHOWN]):
@@ -145,8 +159,10 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
         w("per iteration    " + "  ".join(f"{k} {v:.1f}" for k, v in s["decomposition"].items())
           + " ms (Shi et al.: time each stage holds the critical path; t_c exposed; medians)\n")
     for f in s.get("interference", ()):
+        applied = ("applied to the changes to communication" if f["factor"] >= 0 else
+                   "not applied: faster compute under a collective is not what sharing the cores explains")
         w(f"interference     {f['lane']}: compute ×{1 + f['factor']:.2f} ± {f['stderr']:.2f} while a collective "
-          f"is in flight ({f['samples']} samples of {f['blocks']} blocks); applied to the changes to communication\n")
+          f"is in flight ({f['samples']} samples of {f['blocks']} blocks); {applied}\n")
     network = s.get("network")
     if network and network["bus_gbps"] is not None:
         lo, hi = network["bus_gbps_range"]
@@ -159,6 +175,9 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
     if s["what_if"]:
         w("what if          (model replay, median over iterations; throughput in samples/s against now)\n")
         for x in s["what_if"]:
+            if x.get("unpredictable"):
+                w(f"  {x['change']:<22} {'—':>8}        not predictable: {x['unpredictable']}\n")
+                continue
             throughput = f"throughput ×{x['throughput']:.2f}" if x["throughput"] is not None else "-"
             if x["throughput"] is not None and x["workers"] > 1:
                 throughput += f" ({x['throughput'] / x['workers'] * 100:.0f} % scaling efficiency)"
@@ -166,12 +185,15 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
                 lo_ms, hi_ms = x["iteration_ms_bounds"]
                 throughput += f", {lo_ms:.1f}–{hi_ms:.1f} ms/it within the fit's ±1 s.e."
             change = x["change"] if "bandwidth_gbps" not in x else f"network {x['bandwidth_gbps']:.3g} GB/s"
+            if "rank" in x:
+                throughput += f" (rank {x['rank']}, over the {x['iterations']} iterations that replayed it)"
             w(f"  {change:<22} {x['iteration_ms']:8.1f} ms/it  {throughput}\n")
     for x in s.get("stalls", ()):
-        waiting = " · ".join(f"{ranks_text(w['ranks'])} {where(w['task'])}" for w in x["waiting"])
-        w(f"stall            rank {x['rank']} silent {x['silent_s']:.1f} s in iteration {x['iteration']}"
-          + (f" (last: {x['task']})" if x["task"] else "") + ("" if x["resumed"] else ", never heard again")
-          + (f" · {waiting}" if waiting else "") + "\n")
+        held = [Holder(h["rank"], h["task"], h["open_s"], h["silent_s"]) for h in x["holders"]]
+        said = [f"rank {h.rank} held the job ({h.describe()})" for h in held] or ["no holder known"]
+        said += [f"{ranks_text(w['ranks'])} {where(w['task'])}" for w in x["waiting"]]
+        w(f"stall            iteration {x['iteration']}{'' if x['confirmed'] else ' (or near it)'}: no iteration for "
+          f"{x['duration_s']:.1f} s{'' if x['resumed'] else ', never resumed'} · " + " · ".join(said) + "\n")
     for x in s.get("restarts", ()):
         w(f"restart          rank {x['rank']}: pid {x['old_pid']} → {x['new_pid']}"
           + (f", back to iteration {x['iteration']}" if x["iteration"] is not None else "") + "\n")
@@ -187,4 +209,6 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
 
 
 def _size(nbytes: int) -> str:
+    if nbytes < 1000:
+        return f"{nbytes} B"
     return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.1f} kB"

@@ -42,43 +42,67 @@ class JobRun:
         return all(code == 0 for code in self.returncodes)
 
 
-def run_job(script: str, *args: str, world: int = 2, endpoint: str | None = None,
-            env: dict[str, str] | None = None, timeout_s: float = JOB_TIMEOUT_S) -> JobRun:
-    """Run ``tests/jobs/<script>`` on ``world`` ranks; timed by dagtop when ``endpoint`` is given, else plain."""
-    out = Path(tempfile.mkdtemp(prefix="dagtop-job-"))
-    log = out / "job.log"
-    port = str(free_port())
-    procs = []
-    with open(log, "ab") as sink:
-        for rank in range(world):
-            rank_env = {**os.environ, **(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                        "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                        "JOB_OUT": str(out), "DAGTOP_TELEMETRY": "0", "OMP_NUM_THREADS": "1",
-                        "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-            if endpoint is None:
-                rank_env["DAGTOP_DISABLE"] = "1"
-            else:
-                rank_env["DAGTOP_ENDPOINT"] = endpoint
-                rank_env.pop("DAGTOP_DISABLE", None)
-            procs.append(subprocess.Popen([sys.executable, str(JOBS / script), *args], env=rank_env,
-                                          stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+class RunningJob:
+    """The ranks of a job started by :func:`start_job`: ``out`` is its JOB_OUT folder."""
+
+    def __init__(self, script: str, args: tuple[str, ...], world: int, endpoint: str | None,
+                 env: dict[str, str] | None) -> None:
+        self.out = Path(tempfile.mkdtemp(prefix="dagtop-job-"))
+        self.log = self.out / "job.log"
+        port = str(free_port())
+        self.procs: list[subprocess.Popen[bytes]] = []
+        with open(self.log, "ab") as sink:
+            for rank in range(world):
+                rank_env = {**os.environ, **(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                            "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                            "JOB_OUT": str(self.out), "DAGTOP_TELEMETRY": "0", "OMP_NUM_THREADS": "1",
+                            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+                if endpoint is None:
+                    rank_env["DAGTOP_DISABLE"] = "1"
+                else:
+                    rank_env["DAGTOP_ENDPOINT"] = endpoint
+                    rank_env.pop("DAGTOP_DISABLE", None)
+                self.procs.append(subprocess.Popen([sys.executable, str(JOBS / script), *args], env=rank_env,
+                                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                                   start_new_session=True))
+
+    def signal(self, rank: int, signum: int) -> None:
+        """Send ``signum`` to a rank's process group (the rank and any loader workers)."""
         try:
-            for p in procs:
+            os.killpg(self.procs[rank].pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout_s: float = JOB_TIMEOUT_S) -> JobRun:
+        """Wait for every rank (killing what is left after ``timeout_s``) and read what the job left."""
+        try:
+            for p in self.procs:
                 p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
         finally:
-            for p in procs:
+            for p in self.procs:
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
-    losses, times = {}, {}
-    for path in out.glob("loss-*.json"):
-        losses[int(path.stem.split("-")[1])] = json.loads(path.read_text())
-    for path in out.glob("times-*.json"):
-        times[int(path.stem.split("-")[1])] = json.loads(path.read_text())
-    return JobRun([p.returncode for p in procs], losses, log.read_text(errors="replace"), times)
+        losses, times = {}, {}
+        for path in self.out.glob("loss-*.json"):
+            losses[int(path.stem.split("-")[1])] = json.loads(path.read_text())
+        for path in self.out.glob("times-*.json"):
+            times[int(path.stem.split("-")[1])] = json.loads(path.read_text())
+        return JobRun([p.returncode for p in self.procs], losses, self.log.read_text(errors="replace"), times)
+
+
+def start_job(script: str, *args: str, world: int = 2, endpoint: str | None = None,
+              env: dict[str, str] | None = None) -> RunningJob:
+    """Start ``tests/jobs/<script>`` on ``world`` ranks; timed by dagtop when ``endpoint`` is given, else plain."""
+    return RunningJob(script, args, world, endpoint, env)
+
+
+def run_job(script: str, *args: str, world: int = 2, endpoint: str | None = None,
+            env: dict[str, str] | None = None, timeout_s: float = JOB_TIMEOUT_S) -> JobRun:
+    """Run ``tests/jobs/<script>`` on ``world`` ranks to its end (see :func:`start_job`)."""
+    return start_job(script, *args, world=world, endpoint=endpoint, env=env).wait(timeout_s)
 
 
 def iterations(frames: list[RawFrame]) -> dict[int, dict[int, wire.IterationBatch]]:

@@ -120,15 +120,20 @@ def test_straggler_rank_gates_the_allreduce_and_the_path_jumps_to_it() -> None:
     assert a.straggler is not None
     assert (a.straggler.rank, a.straggler.category) == (1, "io")
     assert a.straggler.excess_ms == pytest.approx(10.0)
-    assert [r.straggler for r in a.per_rank] == [False, True]
+    # One iteration is no evidence: the rows' straggler mark is the steady verdict's (dagtop.model.straggler).
+    assert [r.straggler for r in a.per_rank] == [False, False]
     # Both ranks take the same wall time; the straggler shows in its work: 24.5 ms busy against 14.5 ms. Each
     # rank against the other's: the straggler's Δ busy is the figure its verdict gives, not half of it.
     assert [r.iteration_ms for r in a.per_rank] == pytest.approx([a.measured_ms] * 2)
     assert [r.deviation_ms for r in a.per_rank] == pytest.approx([-10.0, 10.0])
     assert a.straggler.busy_excess_ms == pytest.approx(10.0)
     assert [r.allreduce_ms for r in a.per_rank] == pytest.approx([14.0, 4.0])
-    w = {x.change: x.iteration_ms for x in a.what_if}
-    assert w["straggler at median"] == pytest.approx(a.measured_ms - 10.0)
+    assert not any(w.change == "straggler at median" for w in a.what_if)  # no straggler named yet: nothing to fix
+    # Once the steady verdict names rank 1 (io), the next iteration replays its io brought to rank 0's.
+    b = analyse(2, {0: fast, 1: slow}, {}, {0: 0, 1: 0}, suspect=(1, "io"))
+    [fix] = [x for x in b.what_if if x.change == "straggler at median"]
+    assert fix.rank == 1
+    assert fix.iteration_ms == pytest.approx(b.measured_ms - 10.0)
 
 
 def test_a_ranks_all_reduce_time_counts_concurrent_buckets_once() -> None:

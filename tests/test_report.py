@@ -115,8 +115,12 @@ def test_cut_tail_warns_and_reports_the_rest(tmp_path: Path, capsys: pytest.Capt
 def test_summarize_names_the_synthetic_straggler() -> None:
     p = Pipeline(window=None)
     p.feed(synthetic_frames(SyntheticJob(ranks=4, slow_ranks=(2,), slow_category="compute"), iterations=6))
+    assert summarize(p.analyses()[1:])["straggler"] is None  # five iterations are no evidence, however clear
+    p = Pipeline(window=None)
+    p.feed(synthetic_frames(SyntheticJob(ranks=4, slow_ranks=(2,), slow_category="compute"), iterations=21))
     s = summarize(p.analyses()[1:])
     assert s["straggler"]["rank"] == 2 and s["straggler"]["category"] == "compute"
+    assert s["straggler"]["above"] == s["straggler"]["iterations"] == 20
     assert s["model_error"] <= 0.01
 
 

@@ -5,6 +5,7 @@ Named test_ui_* so it belongs with the UI tests; it holds no tests itself.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from textual.pilot import Pilot
@@ -79,3 +80,23 @@ async def wait_loaded(pilot: Pilot[int], app: DagtopApp, timeout_s: float = 60.0
         await pilot.pause(0.05)
     assert app.shown.finished, "the recording was not read to its end in time"
     await pilot.pause()
+
+
+async def named_straggler(app: DagtopApp, pilot: Pilot[int]) -> dict[str, set[int]]:
+    """The straggler as every part of the screen names it: the headline, the ranks table's ◀ and the rank picker's
+    ``◀ straggler`` (each the set of ranks it names, empty for none). Leaves the picker closed."""
+    from dagtop.ui.screens.rank_picker import RankPicker, rank_option
+    from dagtop.ui.widgets.rank_table import RankTable
+    from dagtop.ui.widgets.verdict import Verdict
+
+    headline = str(app.query_one(Verdict).render().renderables[0])  # type: ignore[attr-defined]
+    found = re.search(r"straggler rank (\d+)", headline)
+    table = app.query_one(RankTable)
+    marked = {r.rank for r in table.ordered(table.view) if r.straggler}  # the rows drawn with ◀
+    await pilot.press("r")
+    await pilot.pause()
+    assert isinstance(app.screen, RankPicker)
+    picked = {r.rank for r in app.screen.rows if "◀ straggler" in rank_option(r).plain}
+    await pilot.press("escape")
+    await pilot.pause()
+    return {"headline": {int(found.group(1))} if found else set(), "table": marked, "picker": picked}

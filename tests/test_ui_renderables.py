@@ -42,18 +42,26 @@ def test_headline_says_the_window_first_then_the_iteration_on_screen() -> None:
     a = dataclasses.replace(two_rank_iteration(), iteration=55, bottleneck="allreduce",
                             shares={"allreduce": 0.46, "compute": 0.54}, exposed_comm_ms=38.2,
                             straggler=Straggler(3, "io", 21.3, 19.6))
-    steady = SteadyVerdict(20, "compute", 0.52, SteadyStraggler(3, "io", 18, 20.4))
-    assert headline(steady, a, 78).plain.startswith("compute 52 % of critical path (last 20) · straggler rank 3 "
-                                                    "late 18/20 (io +20 ms) │ it 55")
+    steady = SteadyVerdict(20, "compute", 0.52, SteadyStraggler(3, "io", 19, 20.4, (17.2, 24.9), 21.0, 20, 1e-5))
+    assert headline(steady, a, 78).plain == ("compute 52 % of critical path (last 20) · straggler rank 3 (io +20 ms)"
+                                             " │ it 55: all-reduce 46 % · exposed 38 ms")
+    # Wide: the excess's 95 % interval; the iteration's own late rank is not a second straggler.
     assert headline(steady, a, 118).plain == (
-        "compute on the critical path 52 % (last 20) · straggler rank 3 (io +20 ms, "
-        "late 18/20) │ it 55: all-reduce 46 % · exposed 38 ms · rank 3 late")
+        "compute on the critical path 52 % (last 20) · straggler rank 3 (io +20 ms [17, 25]) │ it 55: all-reduce "
+        "46 % · exposed 38 ms")
     quiet = dataclasses.replace(steady, straggler=None)
-    assert "(last 20) · no straggler │ it 55" in headline(quiet, dataclasses.replace(a, straggler=None)).plain
-    # No window yet: the iteration's own verdict, its straggler figure the ranks table's Δ busy.
-    assert headline(None, a).plain == ("all-reduce on the critical path 46 % · exposed 38 ms · "
-                                       "straggler rank 3 (io +20 ms)")
-    assert headline(None, dataclasses.replace(a, complete=False)).plain.startswith("incomplete")
+    assert "(last 20) · no straggler │ it 55" in headline(quiet, a).plain
+    tie = dataclasses.replace(quiet, tied_with="allreduce", tied_share=0.45)
+    assert headline(tie, a, 118).plain.startswith("compute ≈ all-reduce (52 % / 45 %, last 20) · no straggler │ it 55")
+    assert headline(tie, a, 78).plain.startswith("compute ≈ all-reduce (52 % / 45 %) · no straggler │")
+    # No verdict before the window has enough iterations past warm-up: what it waits for, and the iteration.
+    gathering = SteadyVerdict(3, "", 0.0, None)
+    assert headline(gathering, a, 118).plain == ("gathering: 3 of 10 iterations past warm-up │ it 55: all-reduce 46 % "
+                                                 "· exposed 38 ms")
+    assert headline(None, a, 78).plain.startswith("gathering: 0 of 10 iterations │ it 55")
+    assert "straggler" not in headline(None, a, 118).plain
+    assert headline(steady, dataclasses.replace(a, complete=False)).plain.startswith("incomplete")
+    assert "stalled (left out of the verdict)" in headline(steady, dataclasses.replace(a, stalled=True)).plain
 
 
 def test_critical_path_bar_is_proportional_and_coloured_by_category() -> None:

@@ -54,7 +54,7 @@ class _Tracks:
 
 def _what_if(a: IterationAnalysis) -> list[dict[str, Any]]:
     return [{"change": str(w.change), "iteration_ms": round(w.iteration_ms, 3), "speedup": round(w.speedup, 4)}
-            for w in a.what_if]
+            if w.predictable else {"change": str(w.change), "unpredictable": w.unpredictable} for w in a.what_if]
 
 
 def chrome_trace(analyses: Sequence[IterationAnalysis], summary: dict[str, Any] | None = None) -> dict[str, Any]:

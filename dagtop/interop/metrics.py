@@ -72,10 +72,12 @@ class SnapshotCollector(Collector):
         if straggler is not None:
             excess.add_metric([str(straggler.rank), straggler.category], straggler.busy_excess_ms / 1e3)
         yield from (rank, excess)
-        if steady is not None:
-            bottleneck = GaugeMetricFamily("dagtop_bottleneck", "1 for the steady verdict's bottleneck category",
-                                           labels=["category"])
-            bottleneck.add_metric([steady.bottleneck], 1)
+        if steady is not None and not steady.gathering:
+            bottleneck = GaugeMetricFamily("dagtop_bottleneck", "1 for the steady verdict's bottleneck category (and "
+                                           "for the category tied with it)", labels=["category"])
+            for category in (steady.bottleneck, steady.tied_with):
+                if category is not None:
+                    bottleneck.add_metric([category], 1)
             yield bottleneck
 
         yield CounterMetricFamily("dagtop_dropped_frames", "Frames the ranks discarded or lost on the way",

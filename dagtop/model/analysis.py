@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -14,7 +15,7 @@ from dagtop.model.replay import CriticalNodes, critical_nodes, critical_segments
 from dagtop.model.snapshot import AlphaBeta, Collective, IterationAnalysis, RankRow, Segment, Straggler
 from dagtop.model.table import F64, I64, concat_ranges, run_starts
 from dagtop.model.tasks import NO_TASKS
-from dagtop.model.whatif import run_scenarios, scenarios, what_ifs
+from dagtop.model.whatif import run_scenarios, scenarios, unexplained, what_ifs
 from instrument.events import CATEGORIES, CATEGORY_CODE, Event
 
 STRAGGLER_MIN_MS = 1.0
@@ -36,27 +37,33 @@ def analyse(
     interference: InterferenceFit | None = None,
     learn: bool = False,
     bandwidth_gbps: float | None = None,
+    suspect: tuple[int, str] | None = None,
 ) -> IterationAnalysis:
     """Analyse one iteration from the events of the ranks that reported it.
 
     Measured time is from the latest previous-iteration end across ranks (``previous_end``; a rank's first
     task start where unknown) to the latest task end of this iteration: update end to update end of the
     slowest rank. The prediction is the identity replay of the DAG over the same span.
+
+    Args:
+        suspect: (rank, category) of the straggler the steady verdict names so far, whose 'straggler at median'
+            this iteration replays; None: no such what-if.
     """
     dag = assemble(events, offsets, previous_end)
-    return analyse_dag(iteration, dag, complete, comm, with_tasks, interference, learn, bandwidth_gbps)
+    return analyse_dag(iteration, dag, complete, comm, with_tasks, interference, learn, bandwidth_gbps, suspect)
 
 
 def analyse_dag(
     iteration: int, dag: IterationDag, complete: bool, comm: AlphaBeta | None, with_tasks: bool = True,
     interference: InterferenceFit | None = None, learn: bool = False, bandwidth_gbps: float | None = None,
+    suspect: tuple[int, str] | None = None,
 ) -> IterationAnalysis:
     """As :func:`analyse`; ``interference``, when given, is read for the what-ifs, then fed this iteration
     (``learn``: not for warm-up iterations)."""
     origin = max(dag.origin.values()) if dag.origin else 0
     final = int(dag.b.max()) if dag.nodes else origin
     measured_ms = (final - origin) / 1e6
-    # The identity replay once, alone: the straggler, and so the changes to replay, follow from its critical path.
+    # The identity replay once, alone: the iteration's late rank follows from its critical path.
     ident = np.ones((1, len(dag.ranks) + 1, len(CATEGORIES)))
     start, end = replay(dag, durations(dag, ident))
     nodes = critical_nodes(dag, end[0])
@@ -66,8 +73,12 @@ def analyse_dag(
     busy = _busy(dag)
     deviation = _deviation(dag, busy)
     straggler = _straggler(dag, nodes, end[0], measured_ms, deviation)
-    cases = scenarios(dag, straggler, comm, busy, bandwidth_gbps)
+    cases = scenarios(dag, suspect, comm, busy, bandwidth_gbps)
     fitted = tuple(interference.model().values()) if interference is not None else ()
+    odd = unexplained(fitted)
+    if odd:
+        cases = [dataclasses.replace(c, unpredictable=odd) if c.comm_ratio is not None and not c.unpredictable else c
+                 for c in cases]
     predicted = run_scenarios(dag, cases, origin, busy, {f.lane: f.applied for f in fitted})
     if interference is not None and learn:
         interference.add(dag)
@@ -95,7 +106,7 @@ def analyse_dag(
         straggler=straggler,
         exposed_comm_ms=exposed_ns / 1e6,
         overlap_ratio=overlap,
-        per_rank=_rows(dag, busy, deviation, straggler, origin),
+        per_rank=_rows(dag, busy, deviation, origin),
         what_if=what_ifs(predicted_ms, cases, predicted),
         interference=fitted,
         network=comm if len(dag.ranks) > 1 and dag.collectives else None,
@@ -187,8 +198,8 @@ def _before(dag: IterationDag, times: Mapping[int, int]) -> dict[int, F64]:
     return dict(zip(times, total))
 
 
-def _rows(dag: IterationDag, busy: dict[int, F64], deviation: dict[int, float], straggler: Straggler | None,
-          origin: int) -> tuple[RankRow, ...]:
+def _rows(dag: IterationDag, busy: dict[int, F64], deviation: dict[int, float], origin: int) -> tuple[RankRow, ...]:
+    """The per-rank rows; none marked the straggler: that is the steady verdict's to say (:mod:`dagtop.model.verdict`)."""
     t = dag.table
     last = np.full(len(dag.ranks), origin, dtype=np.int64)
     if t.lanes:
@@ -200,8 +211,7 @@ def _rows(dag: IterationDag, busy: dict[int, F64], deviation: dict[int, float], 
     for r in dag.ranks:
         b = busy[r] / 1e6
         rows.append(RankRow(r, it_ms[r], float(b[CATEGORY_CODE["io"]]), float(b[CATEGORY_CODE["pcie"]]),
-                            float(b[CATEGORY_CODE["compute"]]), comm[r], float(b[OTHER]), deviation[r],
-                            straggler is not None and straggler.rank == r))
+                            float(b[CATEGORY_CODE["compute"]]), comm[r], float(b[OTHER]), deviation[r], False))
     return tuple(rows)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from dagtop.model import verdict
 from dagtop.model.admission import Admission
@@ -63,8 +63,11 @@ class Completion:
     """
 
     def __init__(self, admission: Admission, clocks: ClockAligner, window: int | None, incomplete_after_ns: int,
-                 task_budget: int, bandwidth_gbps: float | None = None) -> None:
+                 task_budget: int, bandwidth_gbps: float | None = None,
+                 stalled: Callable[[int, float], bool] | None = None) -> None:
         self.window = window
+        self._stalled = stalled
+        """Whether a complete iteration (its number, its ms) is a stall (:meth:`dagtop.model.liveness.Liveness.settle`)."""
         self.bandwidth_gbps = bandwidth_gbps
         """The bus bandwidth of the ``network bandwidth`` what-if, GB/s (None: twice the fitted)."""
         self.incomplete_after_ns = incomplete_after_ns
@@ -161,14 +164,24 @@ class Completion:
         try:
             analysis = analyse(it, events, offsets, previous, complete, self._comm.model(),
                                interference=self._interference, learn=it >= WARM_UP,
-                               bandwidth_gbps=self.bandwidth_gbps)
+                               bandwidth_gbps=self.bandwidth_gbps, suspect=self._suspect(it))
         except Exception as exc:  # noqa: BLE001 - a model bug must not take the monitor down
             self._admission.reject(f"iteration {it} could not be analysed: {type(exc).__name__}: {exc}")
             return None
+        if complete and self._stalled is not None and self._stalled(it, analysis.measured_ms):
+            return dataclasses.replace(analysis, stalled=True)  # its collectives waited for the stall: not the fit's
         if it >= WARM_UP:  # warm-up buckets are not the job's: keep them out of the fit
             for count, nbytes, seconds in transfers(analysis.collectives):
                 self._comm.add(len(analysis.ranks), nbytes, seconds, count)
         return analysis
+
+    def _suspect(self, it: int) -> tuple[int, str] | None:
+        """(rank, category) of the straggler the steady verdict named as of the iteration before ``it``."""
+        at = bisect.bisect_left([a.iteration for a in self.analyses], it)
+        steady = self.analyses[at - 1].steady if at > 0 else None
+        if steady is None or steady.straggler is None:
+            return None
+        return steady.straggler.rank, steady.straggler.category
 
     def _remember(self, it: int) -> None:
         self._analysed[it] = True

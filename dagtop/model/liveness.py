@@ -1,4 +1,5 @@
-"""Liveness: which ranks are silent, gone or restarted, and where the others wait while an iteration is stalled.
+"""Liveness: which ranks are silent, gone or restarted, and while the job is stalled who holds it and where the
+others wait.
 
 Judged on the monitor's clock (frames' ``received_ns``) from every frame a rank sends, heartbeats above all
 (``heartbeat``: the task a rank has open, about every second, sent by its publisher thread even while training
@@ -7,11 +8,17 @@ is stuck). Ranks that send no heartbeats (older shims) are judged by their hello
 * **stalled**: no iteration completed on every rank for :data:`STALL_FACTOR` times the median iteration (and at
   least :data:`STALL_MIN_S`);
 * **silent**: nothing heard from a rank for :data:`SILENT_AFTER_S` (twice that without heartbeats);
+* **holder**: while stalled, a rank that keeps the others waiting: one silent, or one heard from outside any
+  collective while others wait in one (``rank 1 holds the job: in loader next for 38 s · rank 0 waiting in
+  all-reduce bucket 0``). A collective waits for every rank: the ranks not in it are the ones it waits for;
 * **gone**: the rank said bye, or its process no longer exists (looked up only when its host is this one);
 * **restarted**: a known rank says hello from a new pid, or its iterations go back.
 
-A stall is recorded per silent rank while the job is stalled: where it was last (its iteration and task), how
-long it has been silent, and where every other rank waits.
+A stall is recorded once for the job, silent rank or not: the iteration that stalled, its holders and where every
+other rank was, how long it lasted. The iteration is first the furthest any rank was in (a silent rank's own may
+be stale); when that iteration's analysis comes (:meth:`Liveness.settle`: the one, within a step of it, that took
+the stall's time) it is confirmed, and that analysis is marked stalled, out of the steady verdict. A rank silent
+before its first heartbeat is placed at its last known iteration and task (the last task of its last frame).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from instrument import wire
+from instrument.events import EventColumns, is_collective_task
 
 SILENT_AFTER_S: Final = 3.0
 """Three missed heartbeats."""
@@ -47,19 +55,49 @@ Waiting = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
-class Stall:
-    """One silent rank in one stall: where it was, and where the others waited."""
+class Holder:
+    """A rank that holds a stalled job: where it was, and for how long."""
 
     rank: int
-    iteration: int
     task: str
-    """The silent rank's last open task, as its last heartbeat said (empty if it sent none)."""
-    silent_s: float
-    """The longest it went unheard (so far, while it is still silent)."""
+    """Its open task (as its last heartbeat said, or after its last frame's last task; empty if unknown)."""
+    open_s: float
+    """How long it had that task open (0 when unknown: a silent rank)."""
+    silent_s: float = 0.0
+    """How long it went unheard (0: heard from)."""
+
+    def describe(self) -> str:
+        """``in loader next for 38 s``; ``silent 42 s (last: backward layers.3)``."""
+        if self.silent_s:
+            return f"silent {self.silent_s:.0f} s" + (f" (last: {self.task})" if self.task else "")
+        if not self.task:
+            return "heard from, no task known"
+        if self.task.startswith("after ") or self.task == "between iterations":
+            return f"{self.task} for {self.open_s:.0f} s"
+        return f"in {self.task} for {self.open_s:.0f} s"
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """One stall of the job: no iteration completed for a while."""
+
+    iteration: int
+    """The iteration that stalled (:attr:`confirmed` once its analysis said so)."""
+    holders: tuple[Holder, ...]
+    """The ranks that held the others (the latest seen while it lasted); empty when none could be told."""
     waiting: Waiting
-    """Where every other rank heard from was, as its heartbeat said at the time."""
+    """Where every other rank heard from was, as its heartbeat said (the latest seen while it lasted)."""
+    stalled_s: float
+    """How long no iteration completed (so far, while it lasts)."""
     resumed: bool
-    """Heard from again since: stopped and continued, not killed."""
+    """The job went on: an iteration completed after it."""
+    confirmed: bool = False
+    """Its iteration is the one whose analysis took the stall's time."""
+
+    @property
+    def silent(self) -> tuple[Holder, ...]:
+        """The holders that went unheard."""
+        return tuple(h for h in self.holders if h.silent_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +120,9 @@ class LivenessView:
     silent: tuple[tuple[int, float, str], ...] = ()
     """(rank, seconds silent, last task) of the silent ranks."""
     waiting: Waiting = ()
-    """Where the ranks heard from and not gone are."""
+    """Where the ranks heard from, not gone and not holding the job are."""
+    holders: tuple[Holder, ...] = ()
+    """While stalled, the ranks holding the job (:class:`Holder`)."""
     gone: tuple[tuple[int, str], ...] = ()
     """(rank, why): ``said bye`` (only while other ranks go on), ``process gone``."""
     restarted: tuple[Restart, ...] = ()
@@ -91,16 +131,18 @@ class LivenessView:
     def line(self) -> str:
         """One line for the screen: empty while all is well."""
         parts = []
-        silent: dict[str, tuple[list[int], list[float]]] = {}
-        for rank, silent_s, task in self.silent:
-            ranks, seconds = silent.setdefault(task, ([], []))
-            ranks.append(rank)
-            seconds.append(silent_s)
-        for task, (ranks, seconds) in silent.items():
-            parts.append(f"{ranks_text(ranks)} silent {max(seconds):.0f} s" + (f" (last: {task})" if task else ""))
         if self.stalled_s:
+            groups: dict[tuple[bool, str], tuple[list[int], list[Holder]]] = {}
+            for h in self.holders:
+                ranks, held = groups.setdefault((bool(h.silent_s), h.task), ([], []))
+                ranks.append(h.rank)
+                held.append(h)
+            for ranks, held in groups.values():
+                longest = max(held, key=lambda h: (h.silent_s, h.open_s))
+                verb = "holds" if len(ranks) == 1 else "hold"
+                parts.append(f"{ranks_text(ranks)} {verb} the job: {longest.describe()}")
             parts += [f"{ranks_text(list(ranks))} {where(task)}" for task, ranks in self.waiting]
-            if not self.silent:
+            if not self.holders:
                 parts.insert(0, f"no iteration for {self.stalled_s:.0f} s")
         parts += [f"{ranks_text([rank])} gone ({why})" for rank, why in self.gone]
         if len(self.restarted) == 1:
@@ -157,6 +199,10 @@ class _Rank:
     pid: int | None = None
     host: str = ""
     heard_ns: int = 0
+    beat_ns: int = 0
+    """When its last heartbeat came."""
+    open_ms: int = 0
+    """How long its task had been open, as that heartbeat said."""
     heartbeats: bool = False
     iteration: int = 0
     """The iteration under way, as the last heartbeat said, or past the last one done."""
@@ -165,14 +211,13 @@ class _Rank:
     task: str = ""
     bye: bool = False
     dead: bool = False
-    stall: int | None = None
-    """Key of this rank's current stall record (gone from the records once older than the kept ones)."""
     restart: int | None = None
     """Key of this rank's restart whose first iteration has not come yet."""
 
 
 class Liveness:
-    """Folds frames in (:meth:`take`) and judges (:meth:`assess`) at a monitor time."""
+    """Folds frames in (:meth:`take`), judges (:meth:`assess`) at a monitor time, and confirms each stall's iteration
+    from the analyses (:meth:`settle`)."""
 
     def __init__(self, alive: Callable[[int], bool] = pid_alive) -> None:
         self._alive = alive
@@ -184,6 +229,8 @@ class Liveness:
         """When the newest iteration frame came."""
         self._intervals: deque[int] = deque(maxlen=20)
         self._stalls: dict[int, Stall] = {}
+        self._open: int | None = None
+        """Key of the stall under way, while it lasts."""
         self._restarts: dict[int, Restart] = {}
         self._numbered = 0
         self.view = LivenessView()
@@ -196,10 +243,6 @@ class Liveness:
         self.tick(received_ns)
         r = self._ranks.setdefault(frame.rank, _Rank())
         r.heard_ns = max(r.heard_ns, received_ns)
-        if r.stall is not None:  # heard again: that rank's stall is over
-            if r.stall in self._stalls:
-                self._stalls[r.stall] = _replace(self._stalls[r.stall], resumed=True)
-            r.stall = None
         if not self._progress_ns:
             self._progress_ns = received_ns
         if isinstance(frame, wire.Hello):
@@ -208,6 +251,7 @@ class Liveness:
             r.pid, r.host, r.bye, r.dead = frame.pid, frame.host, False, False
         elif isinstance(frame, wire.Heartbeat):
             r.heartbeats, r.iteration, r.task = True, frame.iteration, frame.task
+            r.beat_ns, r.open_ms = received_ns, frame.open_ms
         elif isinstance(frame, wire.IterationBatch):
             if frame.iteration < r.done and r.pid is not None:  # same pid, iterations reset: a restart in place
                 self._restarted(frame.rank, r, r.pid, received_ns)
@@ -217,6 +261,9 @@ class Liveness:
                 r.restart = None
             r.done = max(r.done, frame.iteration)
             r.iteration = max(r.iteration, frame.iteration + 1)
+            if not r.heartbeats:  # no heartbeat to say where it is: after the last task it sent
+                last = _last_task(frame.events)
+                r.task, r.beat_ns, r.open_ms = (f"after {last}" if last else ""), received_ns, 0
             self._iteration_ns = max(self._iteration_ns, received_ns)
         elif isinstance(frame, wire.Bye):
             r.bye = True
@@ -246,23 +293,48 @@ class Liveness:
             gone = []  # a job that ended: every rank said bye
         silent = [(rank, (now_ns - r.heard_ns) / 1e9, r) for rank, r in sorted(live.items())
                   if now_ns - r.heard_ns > _silent_after(r) * 1e9]
-        quiet = {rank for rank, _, _ in silent}
-        waiting = _grouped((rank, r.task) for rank, r in sorted(live.items()) if not r.dead and rank not in quiet)
-        self._progress(live)
+        progressed = self._progress(live)
         quiet_ns = now_ns - self._progress_ns if self._progress_ns else 0
-        median = statistics.median(self._intervals) if self._intervals else 0
-        stalled = bool(live) and quiet_ns > max(STALL_MIN_S * 1e9, STALL_FACTOR * median)
+        stalled = bool(live) and quiet_ns > self.threshold_s() * 1e9
+        holders: list[Holder] = []
+        waiting: Waiting = ()
         if stalled:
-            for rank, silent_s, r in silent:
-                self._record(rank, r, silent_s, waiting)
+            holders, waiting = self._holders(now_ns, live, silent)
+            self._record(live, holders, waiting, quiet_ns / 1e9)
+        elif self._open is not None and (progressed or not live):
+            if self._open in self._stalls:
+                self._stalls[self._open] = _replace(self._stalls[self._open], resumed=progressed)
+            self._open = None
         self.view = LivenessView(
             stalled_s=quiet_ns / 1e9 if stalled else 0.0,
             silent=tuple((rank, silent_s, r.task) for rank, silent_s, r in silent) if stalled else (),
-            waiting=waiting if stalled else (),
+            waiting=waiting,
+            holders=tuple(holders),
             gone=tuple(gone),
             restarted=self._recent_restarts(now_ns),
         )
         return self.view
+
+    def threshold_s(self) -> float:
+        """How long without an iteration completed is a stall: :data:`STALL_FACTOR` median iterations, at least
+        :data:`STALL_MIN_S`."""
+        median = statistics.median(self._intervals) if self._intervals else 0
+        return max(STALL_MIN_S, STALL_FACTOR * median / 1e9)
+
+    def _holders(self, now_ns: int, live: dict[int, _Rank], silent: list[tuple[int, float, _Rank]]
+                 ) -> tuple[list[Holder], Waiting]:
+        """The ranks holding a stalled job, and where the others are: a silent rank holds it; so does a rank heard
+        from outside any collective while another waits in one (a collective cannot finish without every rank)."""
+        quiet = {rank for rank, _, _ in silent}
+        heard = [(rank, r) for rank, r in sorted(live.items()) if not r.dead and rank not in quiet]
+        in_collective = any(is_collective_task(r.task) for _, r in heard)
+        holders = [Holder(rank, r.task, 0.0, silent_s) for rank, silent_s, r in silent]
+        if in_collective:
+            holders += [Holder(rank, r.task, (r.open_ms + (now_ns - r.beat_ns) / 1e6) / 1e3)
+                        for rank, r in heard if not is_collective_task(r.task)]
+        held = {h.rank for h in holders}
+        holders.sort(key=lambda h: h.rank)
+        return holders, _grouped((rank, r.task) for rank, r in heard if rank not in held)
 
     def _recent_restarts(self, now_ns: int) -> tuple[Restart, ...]:
         latest: dict[int, Restart] = {}
@@ -282,12 +354,39 @@ class Liveness:
         """Every restart seen (the newest :data:`RESTARTS_KEPT`), oldest first."""
         return list(self._restarts.values())
 
-    def _record(self, rank: int, r: _Rank, silent_s: float, waiting: Waiting) -> None:
-        if r.stall is None:
-            r.stall = self._number(self._stalls, STALLS_KEPT)
-            self._stalls[r.stall] = Stall(rank, r.iteration, r.task, round(silent_s, 1), waiting, resumed=False)
-        elif r.stall in self._stalls:
-            self._stalls[r.stall] = _replace(self._stalls[r.stall], silent_s=round(silent_s, 1), waiting=waiting)
+    def settle(self, iteration: int, measured_ms: float) -> bool:
+        """An iteration analysed complete, ``measured_ms`` long: whether it is a stalled one (then reported as a stall,
+        out of the steady verdict). It is the iteration of a stall recorded near it (within a step: a silent rank's
+        own iteration may be stale) if it took a stall's time, which confirms the stall's iteration; or, past the
+        first few iterations, any iteration that long, which no frame showed while it lasted (a stall is recorded
+        for it then, with no holder known)."""
+        for key, stall in reversed(self._stalls.items()):
+            if stall.confirmed and stall.iteration == iteration:
+                return True
+        long = measured_ms / 1e3 >= self.threshold_s()
+        if not long:
+            return False
+        for key, stall in reversed(self._stalls.items()):
+            if not stall.confirmed and stall.iteration - 2 <= iteration <= stall.iteration + 1:
+                self._stalls[key] = _replace(stall, iteration=iteration, confirmed=True)
+                return True
+        if len(self._intervals) < 3:
+            return False  # the first iterations: their time says nothing yet of what is normal
+        self._stalls[self._number(self._stalls, STALLS_KEPT)] = Stall(iteration, (), (), round(measured_ms / 1e3, 1),
+                                                                     resumed=True, confirmed=True)
+        return True
+
+    def _record(self, live: dict[int, _Rank], holders: list[Holder], waiting: Waiting, stalled_s: float) -> None:
+        """Open the stall under way, or bring it up to date."""
+        iteration = max((r.iteration for r in live.values()), default=0)
+        if self._open is None or self._open not in self._stalls:
+            self._open = self._number(self._stalls, STALLS_KEPT)
+            self._stalls[self._open] = Stall(iteration, tuple(holders), waiting, round(stalled_s, 1), resumed=False)
+            return
+        old = self._stalls[self._open]
+        holders = holders or list(old.holders)  # the last word of a rank that went quiet keeps its place
+        self._stalls[self._open] = _replace(old, iteration=max(old.iteration, iteration), holders=tuple(holders),
+                                            waiting=waiting or old.waiting, stalled_s=round(stalled_s, 1))
 
     def _number(self, kept: dict[int, Any], limit: int) -> int:
         """A number for a new record in ``kept``, the oldest dropped past ``limit``."""
@@ -302,14 +401,26 @@ class Liveness:
         r.done, r.iteration, r.task = -1, 0, ""
         self._progress_it = min((x.done for x in self._ranks.values()), default=-1)
 
-    def _progress(self, live: dict[int, _Rank]) -> None:
+    def _progress(self, live: dict[int, _Rank]) -> bool:
         """If every rank has done a further iteration since the last look, the job progressed (then, near enough:
-        when the newest iteration frame came). Looked at in :meth:`assess` (O(ranks)), not per frame."""
+        when the newest iteration frame came); whether it did. Looked at in :meth:`assess` (O(ranks)), not per
+        frame."""
         done = min((r.done for r in live.values()), default=-1)
-        if done > self._progress_it:
-            if self._progress_it >= 0:
-                self._intervals.append((self._iteration_ns - self._progress_ns) // (done - self._progress_it))
-            self._progress_it, self._progress_ns = done, self._iteration_ns
+        if done <= self._progress_it:
+            return False
+        if self._progress_it >= 0:
+            self._intervals.append((self._iteration_ns - self._progress_ns) // (done - self._progress_it))
+        self._progress_it, self._progress_ns = done, self._iteration_ns
+        return True
+
+
+def _last_task(events: Any) -> str:
+    """The name of the task that ended last among an iteration's events (empty for none)."""
+    if isinstance(events, EventColumns):
+        if not len(events):
+            return ""
+        return str(events.name[max(range(len(events)), key=events.end_ns.__getitem__)])
+    return str(max(events, key=lambda e: e[5])[2]) if events else ""
 
 
 def _grouped(pairs: Iterable[tuple[int, str]]) -> Waiting:

@@ -30,10 +30,10 @@ class Pipeline:
         self._lock = threading.Lock()
         self._admission = Admission(expected_ranks)
         self._clocks = ClockAligner()
-        self._completion = Completion(self._admission, self._clocks, window, int(incomplete_after_s * 1e9),
-                                      TASK_BUDGET, bandwidth_gbps)
         self.liveness = Liveness()
         """Silent, gone and restarted ranks, and stalls."""
+        self._completion = Completion(self._admission, self._clocks, window, int(incomplete_after_s * 1e9),
+                                      TASK_BUDGET, bandwidth_gbps, self.liveness.settle)
         self._finished = False
         self._snapshot: Snapshot | None = None
         self._telemetry_shown: tuple[wire.Telemetry, ...] = ()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from dagtop.model.change import Change
 from dagtop.model.liveness import LivenessView
@@ -148,6 +148,15 @@ class WhatIf:
     fit (``2N workers``, ``network bandwidth``): how far the prediction moves within the fit's uncertainty."""
     bandwidth_gbps: float | None = None
     """``network bandwidth``: the bus bandwidth it assumes, GB/s (``--bandwidth``; default twice the fitted)."""
+    rank: int | None = None
+    """``straggler at median``: the rank brought to the median (the steady verdict's straggler)."""
+    unpredictable: str = ""
+    """Why the model cannot predict this change on this job (then ``iteration_ms`` and ``speedup`` are NaN); empty
+    when it can."""
+
+    @property
+    def predictable(self) -> bool:
+        return not self.unpredictable
 
     @property
     def label(self) -> str:
@@ -192,26 +201,59 @@ class RankRow:
 
 @dataclass(frozen=True, slots=True)
 class SteadyStraggler:
-    """A rank consistently last to the collectives over the steady verdict's window."""
+    """A rank named the straggler over the steady verdict's window, on evidence (:mod:`dagtop.model.straggler`)."""
 
     rank: int
     category: str
-    """Where it lost the time most often."""
-    late: int
-    """Iterations of the window in which it was the straggler."""
+    """The work category (io, pcie, compute) where its excess has the largest median."""
+    above: int
+    """Iterations of the window in which its busy time was above the other ranks' median."""
     busy_excess_ms: float
-    """Median over those iterations of its busy time minus the other ranks' median (the ranks table's Δ busy)."""
+    """Median over every iteration of the window of its busy time minus the other ranks' median (Δ busy)."""
+    busy_excess_range_ms: tuple[float, float] = (0.0, 0.0)
+    """The 95 % confidence interval of that median (order statistics of the binomial)."""
+    category_excess_ms: float = 0.0
+    """Median over the window of its time in ``category`` minus the other ranks' median: what 'straggler at
+    median' takes away."""
+    iterations: int = 0
+    """Iterations of the window in which it was above or below the others (ties left out)."""
+    p_value: float = 0.0
+    """The sign test's one-sided p-value, corrected for the number of ranks."""
+
+    def describe(self) -> str:
+        """``compute +35 ms [28, 41]``: the category and the excess with its interval."""
+        lo, hi = self.busy_excess_range_ms
+        return f"{self.category} {self.busy_excess_ms:+.0f} ms [{lo:.0f}, {hi:.0f}]"
+
+
+GATHER: Final = 10
+"""Counted iterations (complete, past warm-up, not stalled) the steady verdict needs before it says anything."""
 
 
 @dataclass(frozen=True, slots=True)
 class SteadyVerdict:
-    """What held the job back over the last ``iterations`` complete iterations (see :mod:`dagtop.model.verdict`)."""
+    """What held the job back over the last ``iterations`` counted iterations (see :mod:`dagtop.model.verdict`).
+
+    Until :data:`GATHER` iterations are counted it is only gathering (:attr:`gathering`): no bottleneck, no
+    straggler. Where the top two categories' shares are within the window's own spread it is a tie
+    (:attr:`tied_with`), said as such rather than picking one.
+    """
 
     iterations: int
     bottleneck: str
+    """The category holding the most of the window's critical-path time ("" while gathering)."""
     share: float
     """The bottleneck's fraction of the window's critical-path time."""
     straggler: SteadyStraggler | None
+    tied_with: str | None = None
+    """The runner-up category, when its share cannot be told from the bottleneck's over the window."""
+    tied_share: float = 0.0
+    """The runner-up's fraction of the window's critical-path time (0 when not tied)."""
+
+    @property
+    def gathering(self) -> bool:
+        """Fewer than :data:`GATHER` iterations counted: no verdict yet."""
+        return self.iterations < GATHER
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,10 +286,13 @@ class IterationAnalysis:
     what_if: tuple[WhatIf, ...]
     steady: SteadyVerdict | None = None
     """The steady verdict as of this iteration: set by the pipeline, which sees the iterations before it."""
+    stalled: bool = False
+    """The job stalled in this iteration (:mod:`dagtop.model.liveness`): it is reported as a stall and kept out of
+    the steady verdict, the report's shares and its what-if medians."""
     interference: tuple[Interference, ...] = ()
+    """The compute slow-down under collectives fitted up to this iteration, per lane, that its what-ifs used."""
     network: AlphaBeta | None = None
     """The α-β fit the scaling what-ifs used (None with one rank, or before any collective was timed)."""
-    """The compute slow-down under collectives fitted up to this iteration, per lane, that its what-ifs used."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.tasks, Tasks):  # hand-built (tests): group them here, once

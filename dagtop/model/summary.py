@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from dagtop.model.analysis import model_error, segments_ms
 from dagtop.model.change import Change
-from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.snapshot import IterationAnalysis, WhatIf
+from dagtop.model.verdict import advance
 from dagtop.model.whatif import decomposition
 from instrument.events import CATEGORIES
-
-STRAGGLER_MAJORITY = 0.5
-"""A rank is the job's straggler when it was flagged in more than this fraction of the analysed iterations."""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -32,17 +29,23 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
     """The schema of ``dagtop report --json`` (docs/report.md), over the complete analyses given.
 
-    Incomplete iterations (a rank's events missing) are left out when any complete one exists.
+    Incomplete iterations (a rank's events missing) are left out when any complete one exists; stalled iterations
+    (:attr:`~dagtop.model.snapshot.IterationAnalysis.stalled`) are left out of the shares, the straggler and the
+    what-ifs (they are the report's ``stalls``). The straggler is decided by :func:`dagtop.model.straggler.decide`
+    over the iterations kept, and the tie of the bottleneck with the runner-up by the rule of the live verdict
+    (:func:`dagtop.model.verdict.advance`, with the whole range as its window).
     """
     complete = [a for a in analyses if a.complete] or list(analyses)
     if not complete:
         return {
             "ranks": 0, "iterations": 0, "iteration_ms": {"median": 0.0, "p90": 0.0},
             "critical_path": {c: (1.0 if c == "other" else 0.0) for c in CATEGORIES}, "bottleneck": "other",
-            "straggler": None, "predicted_iteration_ms": 0.0, "model_error": 0.0, "what_if": [],
+            "tied_with": None, "straggler": None, "predicted_iteration_ms": 0.0, "model_error": 0.0, "what_if": [],
             "exposed_comm_ms": 0.0, "communication_seen": False, "overlap_ratio": 1.0, "incomplete_iterations": 0,
-            "decomposition": {}, "interference": [], "network": None,
+            "stalled_iterations": 0, "decomposition": {}, "interference": [], "network": None,
         }
+    stalled = sum(1 for a in complete if a.stalled)
+    complete = [a for a in complete if not a.stalled] or complete
     measured = [a.measured_ms for a in complete]
     path_ms = dict.fromkeys(CATEGORIES, 0.0)
     for a in complete:
@@ -51,46 +54,14 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
     total = sum(path_ms.values())
     shares = {c: (ms / total if total > 0 else (1.0 if c == "other" else 0.0)) for c, ms in path_ms.items()}
     predicted = statistics.median(a.predicted_ms for a in complete)
-    flagged = [a.straggler for a in complete if a.straggler is not None]
-    straggler = None
-    if flagged:
-        rank, count = Counter(s.rank for s in flagged).most_common(1)[0]
-        if count > STRAGGLER_MAJORITY * len(complete):
-            mine = [s for s in flagged if s.rank == rank]
-            straggler = {
-                "rank": rank,
-                "category": Counter(s.category for s in mine).most_common(1)[0][0],
-                "excess_ms": statistics.median(s.excess_ms for s in mine),
-                "busy_excess_ms": statistics.median(s.busy_excess_ms for s in mine),
-            }
-    changes: dict[Change, list[float]] = {}
-    bounds: dict[Change, list[tuple[float, float]]] = {}
-    bandwidth: dict[Change, float] = {}
-    for a in complete:
-        for w in a.what_if:
-            if w.change is Change.STRAGGLER_AT_MEDIAN and (
-                straggler is None or a.straggler is None or a.straggler.rank != straggler["rank"]
-            ):
-                continue  # only where the job's straggler was the iteration's
-            changes.setdefault(w.change, []).append(w.iteration_ms)
-            if w.bounds_ms is not None:
-                bounds.setdefault(w.change, []).append(w.bounds_ms)
-            if w.bandwidth_gbps is not None:
-                bandwidth[w.change] = w.bandwidth_gbps  # the last: it follows the fit as the run goes
     parts = [decomposition(a.critical_path) for a in complete]
-    what_if = []
-    for change, values in changes.items():
-        ms = statistics.median(values)
-        speedup = predicted / ms if ms > 0 else None
-        entry: dict[str, Any] = {"change": change.value, "iteration_ms": ms, "speedup": speedup, "workers": change.workers,
-                 "throughput": speedup * change.workers if speedup is not None else None,
-                 "iterations": len(values)}
-        if change in bounds:
-            entry["iteration_ms_bounds"] = [statistics.median(lo for lo, _ in bounds[change]),
-                                            statistics.median(hi for _, hi in bounds[change])]
-        if change in bandwidth:
-            entry["bandwidth_gbps"] = bandwidth[change]
-        what_if.append(entry)
+    steady = advance(None, complete)
+    named = steady.straggler
+    straggler = None if named is None else {
+        "rank": named.rank, "category": named.category, "excess_ms": named.category_excess_ms,
+        "busy_excess_ms": named.busy_excess_ms, "busy_excess_range_ms": list(named.busy_excess_range_ms),
+        "above": named.above, "iterations": named.iterations, "p_value": named.p_value}
+    what_if = _what_ifs(complete, named.rank if named is not None else None)
     network = next((a.network for a in reversed(complete) if a.network is not None), None)
     return {
         "ranks": max(len(a.ranks) for a in complete),
@@ -100,6 +71,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
         "iteration_ms": {"median": statistics.median(measured), "p90": _percentile(measured, 0.9)},
         "critical_path": shares,
         "bottleneck": max(CATEGORIES, key=lambda c: shares[c]),
+        "tied_with": steady.tied_with,
         "straggler": straggler,
         "predicted_iteration_ms": predicted,
         "model_error": statistics.median(model_error(a) for a in complete),
@@ -108,6 +80,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
         "communication_seen": any(a.collectives for a in complete),
         "overlap_ratio": statistics.median(a.overlap_ratio for a in complete),
         "incomplete_iterations": sum(1 for a in analyses if not a.complete),
+        "stalled_iterations": stalled,
         "decomposition": {term: statistics.median(d[term] for d in parts) for term in parts[0]},
         # The fit as of the last iteration (it grows over the run): compute's slow-down under collectives, per lane.
         "interference": [{"lane": f.lane, "factor": f.factor, "stderr": f.stderr, "applied": f.applied,
@@ -144,3 +117,46 @@ def collectives(analyses: Sequence[IterationAnalysis]) -> list[dict[str, Any]]:
              "median_ms": statistics.median(r["durations"]),
              "critical_path": r["path_ms"] / path_ms if path_ms > 0 else 0.0} for r in seen.values()]
     return sorted(rows, key=lambda r: (-r["critical_path"], -r["median_ms"], r["name"]))
+
+
+def _what_ifs(analyses: Sequence[IterationAnalysis], straggler: int | None) -> list[dict[str, Any]]:
+    """Each change's median prediction and the model's own median over **the same iterations** (its speedup is one
+    over the other), in the order the changes first appear.
+
+    'straggler at median' is taken from the iterations that replayed it for the report's straggler; a change with
+    bounds from the iterations that have them, so that the point lies within its bounds. A change the last
+    iteration could not predict is reported as such, with its reason, and no figure.
+    """
+    by_change: dict[Change, list[tuple[IterationAnalysis, WhatIf]]] = {}
+    for a in analyses:
+        for w in a.what_if:
+            if w.change is Change.STRAGGLER_AT_MEDIAN and (straggler is None or w.rank != straggler):
+                continue
+            by_change.setdefault(w.change, []).append((a, w))
+    out = []
+    for change, seen in by_change.items():
+        last = seen[-1][1]
+        entry: dict[str, Any] = {"change": change.value, "workers": change.workers}
+        if not last.predictable:
+            out.append({**entry, "iteration_ms": None, "speedup": None, "throughput": None, "iterations": 0,
+                        "unpredictable": last.unpredictable})
+            continue
+        seen = [(a, w) for a, w in seen if w.predictable]
+        if any(w.bounds_ms is not None for _, w in seen):
+            seen = [(a, w) for a, w in seen if w.bounds_ms is not None]
+        ms = statistics.median(w.iteration_ms for _, w in seen)
+        base = statistics.median(a.predicted_ms for a, _ in seen)
+        speedup = base / ms if ms > 0 else None
+        entry.update({"iteration_ms": ms, "base_ms": base, "speedup": speedup,
+                      "throughput": speedup * change.workers if speedup is not None else None,
+                      "iterations": len(seen)})
+        bounds = [w.bounds_ms for _, w in seen if w.bounds_ms is not None]
+        if bounds:
+            entry["iteration_ms_bounds"] = [statistics.median(lo for lo, _ in bounds),
+                                            statistics.median(hi for _, hi in bounds)]
+        if last.bandwidth_gbps is not None:
+            entry["bandwidth_gbps"] = last.bandwidth_gbps  # the last: it follows the fit as the run goes
+        if last.rank is not None:
+            entry["rank"] = last.rank
+        out.append(entry)
+    return out

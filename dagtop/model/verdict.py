@@ -1,13 +1,20 @@
-"""The steady verdict: what held the job back over the recent iterations, with hysteresis so it holds still.
+"""The steady verdict: what held the job back over the recent iterations, said only as far as the window shows it.
 
 One iteration's verdict flickers where two categories are close (compute 48 %, all-reduce 46 %) or where two
-symmetric ranks take turns being last to a collective. The steady verdict looks at a window of recent
-iterations and changes its mind only for a clear reason:
+symmetric ranks take turns being last to a collective. The steady verdict looks at a window of the last
+:data:`WINDOW` counted iterations (complete, past warm-up, not stalled: :func:`counts`):
 
-- the bottleneck is the category holding the most critical-path time over the window; a challenger takes over
-  only when its share leads the incumbent's by more than ``SWITCH_MARGIN``;
-- a straggler is named only when it was the iteration's straggler in more than ``NAME_SHARE`` of a window of
-  at least ``NAME_AFTER`` iterations, and stays named while that stays above ``KEEP_SHARE``.
+- **gathering** until :data:`~dagtop.model.snapshot.GATHER` iterations are counted: no verdict from warm-up;
+- the **bottleneck** is the category holding the most of the window's critical-path time, said alone only when
+  it leads the runner-up beyond the window's own spread: the per-iteration difference of their shares has a
+  95 % interval (of its median, :func:`~dagtop.model.stats.median_interval`) above zero, and the window's shares
+  differ by :data:`LEAD` at least. Otherwise the two are a **tie** (``compute ≈ all-reduce``). A bottleneck said
+  alone stays so while the 80 % interval is above zero and the lead half of :data:`LEAD`, so that it does not
+  flicker at the threshold. A sliding window cannot jump from one category said alone to another:
+  the intervals of two windows one iteration apart overlap, so the tie comes in between;
+- the **straggler** is named on evidence by :func:`dagtop.model.straggler.decide` (a sign test with a correction
+  across ranks and a minimum effect), and marked on the same iterations' per-rank rows, so the ranks table, the
+  rank picker and the headline say the same.
 
 The pipeline folds it forward as iterations are analysed (:func:`fold`) and stores it on each analysis, so a
 paused or browsed screen shows the verdict as it stood at that iteration, and a replay the same as live.
@@ -16,27 +23,30 @@ paused or browsed screen shows the verdict as it stood at that iteration, and a 
 from __future__ import annotations
 
 import dataclasses
-import statistics
-from collections import Counter
 from collections.abc import Sequence
+from typing import Final
 
-from dagtop.model.snapshot import WARM_UP, IterationAnalysis, SteadyStraggler, SteadyVerdict
+from dagtop.model import straggler
+from dagtop.model.snapshot import GATHER, WARM_UP, IterationAnalysis, SteadyVerdict
+from dagtop.model.stats import median_interval
 
-WINDOW = 20
+WINDOW: Final = 20
 """Iterations the steady verdict looks back over."""
-SWITCH_MARGIN = 0.05
-"""A challenger category replaces the bottleneck when its share of the window's critical path is this much higher."""
-NAME_SHARE = 0.6
-"""A rank is named the straggler when it was late in more than this fraction of the window..."""
-NAME_AFTER = 5
-"""...of at least this many iterations (two ranks taking turns are late 2 in 3 by chance)..."""
-KEEP_SHARE = 0.4
-"""...and stays named while it is late in more than this fraction."""
+HISTORY: Final = 60
+"""Counted iterations the straggler test estimates the noise's serial correlation over (the window's and those
+before it)."""
+TIE_CONFIDENCE: Final = 0.95
+"""A bottleneck is said alone when its lead's interval at this confidence is above zero..."""
+KEEP_CONFIDENCE: Final = 0.80
+"""...and stays alone while its interval at this confidence is."""
+LEAD: Final = 0.05
+"""...and when its share of the window leads the runner-up's by this much (it stays alone down to half of it):
+a lead of two points, however regular, is no bottleneck to act on rather than its runner-up."""
 
 
 def counts(a: IterationAnalysis) -> bool:
-    """Whether an iteration counts towards the verdict: complete, not empty, past warm-up."""
-    return a.complete and a.measured_ms > 0 and a.iteration >= WARM_UP
+    """Whether an iteration counts towards the verdict: complete, not empty, past warm-up, not stalled."""
+    return a.complete and a.measured_ms > 0 and a.iteration >= WARM_UP and not a.stalled
 
 
 def fold(analyses: Sequence[IterationAnalysis], start: int) -> list[IterationAnalysis]:
@@ -44,46 +54,62 @@ def fold(analyses: Sequence[IterationAnalysis], start: int) -> list[IterationAna
     out = []
     previous = analyses[start - 1].steady if start > 0 else None
     for j in range(start, len(analyses)):
-        window: list[IterationAnalysis] = []
+        history: list[IterationAnalysis] = []
         for a in reversed(analyses[: j + 1]):
             if counts(a):
-                window.append(a)
-                if len(window) == WINDOW:
+                history.append(a)
+                if len(history) == HISTORY:
                     break
-        window.reverse()
-        steady = advance(previous, window) if len(window) >= 2 else previous
-        out.append(analyses[j] if steady is analyses[j].steady else _with(analyses[j], steady))
+        history.reverse()
+        steady = advance(previous, history[-WINDOW:], history)
+        out.append(_with(analyses[j], steady))
         previous = steady
     return out
 
 
-def _with(a: IterationAnalysis, steady: SteadyVerdict | None) -> IterationAnalysis:
-    return dataclasses.replace(a, steady=steady)
+def _with(a: IterationAnalysis, steady: SteadyVerdict) -> IterationAnalysis:
+    """``a`` with its steady verdict, and its per-rank rows marking the verdict's straggler (only)."""
+    named = steady.straggler.rank if steady.straggler is not None else None
+    rows = a.per_rank
+    if any(row.straggler != (row.rank == named) for row in rows):
+        rows = tuple(row if row.straggler == (row.rank == named) else dataclasses.replace(row, straggler=not row.straggler)
+                     for row in rows)
+    if steady == a.steady and rows is a.per_rank:
+        return a
+    return dataclasses.replace(a, steady=steady, per_rank=rows)
 
 
-def advance(previous: SteadyVerdict | None, window: Sequence[IterationAnalysis]) -> SteadyVerdict:
-    """The verdict over ``window`` (oldest first), given the one before it."""
+def shares(window: Sequence[IterationAnalysis]) -> dict[str, float]:
+    """Category → fraction of the window's critical-path time (each iteration weighed by its time)."""
     totals: dict[str, float] = {}
     for a in window:
         for category, share in a.shares.items():
             totals[category] = totals.get(category, 0.0) + share * a.measured_ms
     whole = sum(totals.values()) or 1.0
-    shares = {c: t / whole for c, t in totals.items()}
-    bottleneck = max(shares, key=lambda c: shares[c])
-    if previous is not None and shares[bottleneck] - shares.get(previous.bottleneck, 0.0) <= SWITCH_MARGIN:
-        bottleneck = previous.bottleneck
-    late = Counter(a.straggler.rank for a in window if a.straggler is not None)
-    rank = None
+    return {c: t / whole for c, t in totals.items()}
+
+
+def advance(previous: SteadyVerdict | None, window: Sequence[IterationAnalysis],
+            history: Sequence[IterationAnalysis] = ()) -> SteadyVerdict:
+    """The verdict over ``window`` (counted iterations, oldest first), given the one before it; ``history``, the
+    counted iterations up to the window's last, is where the straggler test estimates the noise's serial
+    correlation (:func:`dagtop.model.straggler.evidence`)."""
+    if len(window) < GATHER:
+        return SteadyVerdict(len(window), "", 0.0, None)
+    share = shares(window)
+    ranked = sorted(share, key=lambda c: (-share[c], c))
+    leader = ranked[0]
+    runner = ranked[1] if len(ranked) > 1 else None
+    tied = None
+    if runner is not None:
+        lead = [a.shares.get(leader, 0.0) - a.shares.get(runner, 0.0) for a in window]
+        alone = previous is not None and previous.bottleneck == leader and previous.tied_with is None
+        low, _ = median_interval(lead, KEEP_CONFIDENCE if alone else TIE_CONFIDENCE)
+        margin = share[leader] - share[runner]
+        if low <= 0 or margin < (LEAD / 2 if alone else LEAD):
+            tied = runner
+            if previous is not None and (previous.bottleneck, previous.tied_with) == (runner, leader):
+                leader, tied = runner, leader  # the same tie: keep its order while the two cross
     kept = previous.straggler if previous is not None else None
-    if kept is not None and late[kept.rank] > KEEP_SHARE * len(window):
-        rank = kept.rank
-    if rank is None and late and len(window) >= NAME_AFTER:
-        top, count = late.most_common(1)[0]
-        if count > NAME_SHARE * len(window):
-            rank = top
-    straggler = None
-    if rank is not None:
-        mine = [a.straggler for a in window if a.straggler is not None and a.straggler.rank == rank]
-        straggler = SteadyStraggler(rank, Counter(s.category for s in mine).most_common(1)[0][0], len(mine),
-                                    statistics.median(s.busy_excess_ms for s in mine))
-    return SteadyVerdict(len(window), bottleneck, shares.get(bottleneck, 0.0), straggler)
+    return SteadyVerdict(len(window), leader, share.get(leader, 0.0), straggler.decide(window, kept, history), tied,
+                         share.get(tied, 0.0) if tied is not None else 0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -11,7 +12,7 @@ from dagtop.model.change import Change
 from dagtop.model.dag import ALLREDUCE, IterationDag
 from dagtop.model.interference import COMPUTE, compute_factors, node_overlap
 from dagtop.model.replay import durations, replay
-from dagtop.model.snapshot import AlphaBeta, Collective, Segment, Straggler, WhatIf
+from dagtop.model.snapshot import AlphaBeta, Collective, Interference, Segment, WhatIf
 from dagtop.model.table import F64
 from instrument.events import CATEGORIES, CATEGORY_CODE
 
@@ -126,16 +127,22 @@ class Scenario:
     """0: the prediction; −1 and +1: the same change with the fitted β one standard error down and up (folded
     into the prediction's ``bounds_ms`` by :func:`what_ifs`)."""
     bandwidth_gbps: float | None = None
+    rank: int | None = None
+    """``straggler at median``: the rank it brings to the median."""
+    unpredictable: str = ""
+    """Why the change cannot be predicted on this job (then it is not replayed); empty when it can."""
 
 
 def scenarios(
-    dag: IterationDag, straggler: Straggler | None, comm: AlphaBeta | None, busy: dict[int, F64],
+    dag: IterationDag, suspect: tuple[int, str] | None, comm: AlphaBeta | None, busy: dict[int, F64],
     bandwidth_gbps: float | None = None,
 ) -> list[Scenario]:
     """The changes the model answers for this iteration. The identity (the iteration as measured) is not among
-    them: the analysis replays it first, alone, since the straggler change needs its critical path.
+    them: the analysis replays it first, alone.
 
     Args:
+        suspect: (rank, category) of the steady verdict's straggler: 'straggler at median' brings that rank's time
+            in that category down to the other ranks' median in this iteration (never up); None: not replayed.
         bandwidth_gbps: the bus bandwidth of ``network bandwidth``, GB/s; None: twice the fitted one.
     """
     rows = len(dag.ranks) + 1
@@ -154,20 +161,25 @@ def scenarios(
             Scenario(Change.PERFECT_OVERLAP, scaled(rows - 1, ALLREDUCE, 0.0), comm_ratio=0.0),
         ]
     out.append(Scenario(Change.IO_HIDDEN, scaled(slice(None), CATEGORY_CODE["io"], 0.0)))
-    if straggler is not None and straggler.category in CATEGORY_CODE:
-        c = CATEGORY_CODE[straggler.category]
-        own = busy[straggler.rank][c]
+    if suspect is not None and suspect[0] in busy and suspect[1] in CATEGORY_CODE and len(busy) > 1:
+        rank, c = suspect[0], CATEGORY_CODE[suspect[1]]
+        own = float(busy[rank][c])
+        others = float(np.median([float(b[c]) for r, b in busy.items() if r != rank]))
         if own > 0:
-            target = max(own - straggler.excess_ms * 1e6, 0.0)
-            out.append(Scenario(Change.STRAGGLER_AT_MEDIAN, scaled(dag.ranks.index(straggler.rank), c, target / own)))
+            out.append(Scenario(Change.STRAGGLER_AT_MEDIAN, scaled(dag.ranks.index(rank), c, min(others, own) / own),
+                                rank=rank))
     p = len(dag.ranks)
     if comm is None or p <= 1 or not dag.collectives:
         return out
     observed = {c.node: float(dag.catsum[c.node, ALLREDUCE]) for c in dag.collectives}
     now = sum(observed.values())
-    per_byte = 2 * (p - 1) / p  # of the ring: the bytes each rank sends per byte reduced
     beta = comm.beta_s_per_byte
     target_gbps = bandwidth_gbps if bandwidth_gbps is not None else 2 * comm.bus_gbps
+    unknown = beta_unknown(comm)
+    if unknown:
+        out += [Scenario(Change.DOUBLE_WORKERS, one, unpredictable=unknown),
+                Scenario(Change.NETWORK, one, bandwidth_gbps=bandwidth_gbps, unpredictable=unknown)]
+        return out
     bounds = (0, -1, 1) if comm.beta_se > 0 else (0,)
 
     def fitted(change: Change, new: dict[int, float], bound: int) -> Scenario:
@@ -180,11 +192,49 @@ def scenarios(
         out.append(fitted(Change.DOUBLE_WORKERS, {c.node: observed[c.node] + (comm.seconds(2 * p, c.bytes, b)
                                                                              - comm.seconds(p, c.bytes, b)) * 1e9
                                                   for c in dag.collectives}, bound))
-        if beta > 0 and 0 < target_gbps < float("inf"):
-            # The per-byte part of each collective, as the fit apportions it, redone at the target bandwidth.
-            out.append(fitted(Change.NETWORK, {c.node: observed[c.node] + per_byte * c.bytes * (1e-9 / target_gbps - b)
-                                               * 1e9 for c in dag.collectives}, bound))
+        if 0 < target_gbps < float("inf"):
+            out.append(fitted(Change.NETWORK, {c.node: at_bandwidth(observed[c.node], c.bytes, p, b, 1e-9 / target_gbps)
+                                               for c in dag.collectives}, bound))
     return out
+
+
+def unexplained(fitted: Sequence[Interference]) -> str:
+    """Why the changes to communication cannot be predicted (empty when they can): a lane whose compute ran faster
+    while a collective was in flight, by more than two standard errors. The model knows why communication slows
+    compute (they share the cores); compute sped up by it is something else at work (a clock boost, a cache, a
+    measurement artefact), and replaying the change on top of it would be a number with nothing behind it."""
+    odd = [f for f in fitted if f.factor + 2 * f.stderr < 0]
+    if not odd:
+        return ""
+    said = ", ".join(f"{f.lane} ×{1 + f.factor:.2f} ± {f.stderr:.2f}" for f in odd)
+    return f"compute ran faster while a collective was in flight ({said}), which the model cannot explain"
+
+
+def beta_unknown(comm: AlphaBeta) -> str:
+    """Why the fit's per-byte cost β cannot carry a prediction (empty when it can): fewer than three collectives,
+    β fitted as 0 (the time does not grow with the bytes), or its standard error over half of it."""
+    if comm.samples < 3:
+        return f"the network's per-byte cost β is not identified yet ({comm.samples} collectives timed)"
+    if comm.beta_s_per_byte <= 0:
+        return (f"the network's per-byte cost β is not identified: the collectives' time does not grow with their "
+                f"bytes ({comm.samples} collectives, {comm.sizes} sizes)")
+    if comm.beta_se > comm.beta_s_per_byte / 2:
+        return (f"the network's per-byte cost β is not identified: {comm.bus_gbps:.3g} GB/s fitted, ± "
+                f"{comm.beta_se / comm.beta_s_per_byte * 100:.0f} % at one standard error")
+    return ""
+
+
+def at_bandwidth(observed_ns: float, nbytes: int, workers: int, beta: float, target_beta: float) -> float:
+    """One collective's ns with the network's per-byte cost ``target_beta`` (s/B) in place of ``beta``: the one
+    bandwidth model behind 'network bandwidth' and 'all-reduce ×F'.
+
+    The observed time is split into its per-byte part 2(P−1)/P · M · β, never more than the time observed (the
+    fit is over many collectives: it may give one more than it took), and the rest (latency, and what the fit does
+    not explain); only the per-byte part is redone. So twice the bandwidth never does more than 'all-reduce ×0.5',
+    which halves the whole.
+    """
+    per_byte = min(observed_ns, 2 * (workers - 1) / workers * nbytes * beta * 1e9)
+    return observed_ns - per_byte + per_byte * (target_beta / beta if beta > 0 else 1.0)
 
 
 def run_scenarios(dag: IterationDag, cases: list[Scenario], origin_ns: int, busy: dict[int, F64],
@@ -227,10 +277,17 @@ def what_ifs(base_ms: float, cases: list[Scenario], predicted_ms: list[float]) -
     for c, ms in zip(cases, predicted_ms):
         if c.bound:
             bounds.setdefault(c.change, []).append(ms)
-    return tuple(WhatIf(c.change, ms, base_ms / ms if ms > 0 else float("inf"),
-                        (min(bounds[c.change]), max(bounds[c.change])) if c.change in bounds else None,
-                        c.bandwidth_gbps)
-                 for c, ms in zip(cases, predicted_ms) if not c.bound)
+    out = []
+    for c, ms in zip(cases, predicted_ms):
+        if c.bound:
+            continue
+        if c.unpredictable:
+            out.append(WhatIf(c.change, math.nan, math.nan, None, c.bandwidth_gbps, c.rank, c.unpredictable))
+            continue
+        # The point within its bounds: the same change with β moved by one standard error either way.
+        within = (min(ms, *bounds[c.change]), max(ms, *bounds[c.change])) if c.change in bounds else None
+        out.append(WhatIf(c.change, ms, base_ms / ms if ms > 0 else float("inf"), within, c.bandwidth_gbps, c.rank))
+    return tuple(out)
 
 
 SHI_TERMS = {("io", "load"): "t_io", ("pcie", "h2d"): "t_h2d", ("compute", "forward"): "t_f",

@@ -128,14 +128,15 @@ def _choose_ranks(analysis: IterationAnalysis, budget: int, focus_rank: int | No
         if held is analysis and held_budget == budget and held_focus == focus_rank:
             return choice
     lanes = analysis.tasks.lanes
-    straggler = analysis.straggler.rank if analysis.straggler else None
+    straggler = _named(analysis)
+    gating = analysis.straggler.rank if analysis.straggler else None
     on_path = {s.rank for s in analysis.critical_path if s.rank is not None}
     ranks = sorted(lanes)
     split = sum(len(v) for v in lanes.values()) <= budget
     shown = ranks
     if not split and len(ranks) > budget:
         late = lateness_ms(analysis)  # once per analysis, memoised by the model
-        priority = sorted(ranks, key=lambda r: (r != focus_rank, r != straggler, r not in on_path,
+        priority = sorted(ranks, key=lambda r: (r != focus_rank, r != straggler, r != gating, r not in on_path,
                                                 -late.get(r, 0.0), r))
         shown = priority[: max(budget - 1, 1)]
     shown = sorted(shown, key=lambda r: (r != focus_rank, r))  # the focused rank's rows first, the rest by rank
@@ -144,11 +145,18 @@ def _choose_ranks(analysis: IterationAnalysis, budget: int, focus_rank: int | No
     return choice
 
 
+def _named(analysis: IterationAnalysis) -> int | None:
+    """The straggler the steady verdict names as of ``analysis`` (the headline's, the ranks table's)."""
+    named = analysis.steady.straggler if analysis.steady is not None else None
+    return named.rank if named is not None else None
+
+
 def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_rank: int | None = None) -> list[Row]:
     """The rows of the chart, at most ``height`` of them, each ``width - LABEL_WIDTH`` plot cells wide.
 
     The focused rank's rows come first, the others follow by rank number. Ranks beyond the rows available are
-    left out in this order of importance: the focused rank, the straggler, the ranks the critical path runs on,
+    left out in this order of importance: the focused rank, the straggler (the verdict's), the rank the path waited
+    for at a collective in this iteration, the ranks the critical path runs on,
     the ranks latest at the collectives (nearest the path), then the lowest rank numbers. When every lane of every
     rank cannot fit, each rank gets one row (its lanes overlaid). Only the rows drawn are painted: the work grows
     with the rows shown, not with the ranks.
@@ -163,7 +171,7 @@ def timeline_rows(analysis: IterationAnalysis, width: int, height: int, focus_ra
     total_ms = (end_ns - analysis.origin_ns) / 1e6
 
     lanes = tasks.lanes
-    straggler = analysis.straggler.rank if analysis.straggler else None
+    straggler = _named(analysis)
     fixed = 3  # axis, collectives, critical path
     budget = max(height - fixed, 1)
     shown, split, n_ranks = _choose_ranks(analysis, budget, focus_rank)

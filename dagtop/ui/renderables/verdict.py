@@ -4,60 +4,71 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from dagtop.model.snapshot import IterationAnalysis, SteadyVerdict
+from dagtop.model.snapshot import GATHER, IterationAnalysis, SteadyVerdict
 from dagtop.ui.palette import STRAGGLER_COLOUR, colour, label
 
 NARROW = 100
-"""Below this many columns the headline uses its short form, so that the straggler's count still fits."""
+"""Below this many columns the headline uses its short form, so that the straggler still fits."""
 
 
 def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: int = NARROW) -> Text:
     """What held over the recent window first, then the iteration on screen::
 
-        io on the critical path 78 % (last 20) · straggler rank 1 (io +122 ms, late 18/20) │ it 55: io 81 % · …
+        io on the critical path 78 % (last 20) · straggler rank 1 (io +122 ms [118, 127]) │ it 55: io 81 % · …
 
-    Before there is a window (fewer than two iterations) the iteration's own verdict leads. The straggler's
-    figure is its busy time over the other ranks' median, the ranks table's Δ busy. Narrower than ``NARROW``::
+    Until the window has :data:`~dagtop.model.snapshot.GATHER` iterations past warm-up it says so instead of a
+    verdict (``gathering: 3 of 10 iterations past warm-up``). Two categories within the window's spread are a tie
+    (``compute ≈ all-reduce (41 % / 38 %)``). The straggler is the one :mod:`dagtop.model.straggler` names: its
+    busy time over the other ranks' median, the median over the window and its 95 % interval. Narrower than
+    ``NARROW`` the interval and some words go::
 
-        io 78 % of critical path (last 20) · straggler rank 1 late 18/20 (io +122 ms) │ it 55: …
+        io 78 % of critical path (last 20) · straggler rank 1 (io +122 ms) │ it 55: …
     """
     text = Text()
     if not analysis.complete:
         text.append("incomplete: a rank's events are missing", style=STRAGGLER_COLOUR)
         text.append(" · ")
-    now_share = analysis.shares.get(analysis.bottleneck, 0.0)
-    if steady is None:
-        text.append(label(analysis.bottleneck), style=f"bold {colour(analysis.bottleneck)}")
-        text.append(f" on the critical path {now_share * 100:.0f} %", style="bold")
-        text.append(f" · {_communication(analysis)} · ")
-        s = analysis.straggler
-        if s is None:
-            text.append("no straggler")
-        else:
-            _straggler(text, s.rank, s.category, s.busy_excess_ms, "")
-        return text
     narrow = width < NARROW
-    text.append(label(steady.bottleneck), style=f"bold {colour(steady.bottleneck)}")
-    share = f"{steady.share * 100:.0f} %"
-    text.append(f" {share} of critical path" if narrow else f" on the critical path {share}", style="bold")
-    text.append(f" (last {steady.iterations})", style="bold")
+    if steady is None or steady.gathering:
+        text.append(f"gathering: {steady.iterations if steady else 0} of {GATHER} iterations", style="bold")
+        if not narrow:
+            text.append(" past warm-up", style="bold")
+        _iteration(text, analysis)
+        return text
+    if steady.tied_with is not None:
+        text.append(label(steady.bottleneck), style=f"bold {colour(steady.bottleneck)}")
+        text.append(" ≈ ", style="bold")
+        text.append(label(steady.tied_with), style=f"bold {colour(steady.tied_with)}")
+        text.append(f" ({steady.share * 100:.0f} % / {steady.tied_share * 100:.0f} %", style="bold")
+        text.append(f", last {steady.iterations})" if not narrow else ")", style="bold")
+    else:
+        text.append(label(steady.bottleneck), style=f"bold {colour(steady.bottleneck)}")
+        share = f"{steady.share * 100:.0f} %"
+        text.append(f" {share} of critical path" if narrow else f" on the critical path {share}", style="bold")
+        text.append(f" (last {steady.iterations})", style="bold")
     text.append(" · ")
     st = steady.straggler
     if st is None:
         text.append("no straggler")
-    elif narrow:
-        text.append(f"straggler rank {st.rank} late {st.late}/{steady.iterations}", style=f"bold {STRAGGLER_COLOUR}")
+    else:
+        text.append(f"straggler rank {st.rank}", style=f"bold {STRAGGLER_COLOUR}")
         text.append(" (")
         text.append(label(st.category), style=colour(st.category))
-        text.append(f" {st.busy_excess_ms:+.0f} ms)")
-    else:
-        _straggler(text, st.rank, st.category, st.busy_excess_ms, f", late {st.late}/{steady.iterations}")
-    text.append(f" │ it {analysis.iteration}: ", style="dim")
-    text.append(label(analysis.bottleneck), style=colour(analysis.bottleneck))
-    text.append(f" {now_share * 100:.0f} % · {_communication(analysis)}", style="dim")
-    if analysis.straggler is not None:
-        text.append(f" · rank {analysis.straggler.rank} late", style="dim")
+        lo, hi = st.busy_excess_range_ms
+        text.append(f" {st.busy_excess_ms:+.0f} ms" + ("" if narrow else f" [{lo:.0f}, {hi:.0f}]") + ")")
+    _iteration(text, analysis)
     return text
+
+
+def _iteration(text: Text, analysis: IterationAnalysis) -> None:
+    """`` │ it 55: compute 81 % · exposed 12 ms``, dim: the iteration on screen, after the window's verdict."""
+    text.append(f" │ it {analysis.iteration}: ", style="dim")
+    if analysis.stalled:
+        text.append("stalled (left out of the verdict)", style="dim")
+        return
+    text.append(label(analysis.bottleneck), style=colour(analysis.bottleneck))
+    text.append(f" {analysis.shares.get(analysis.bottleneck, 0.0) * 100:.0f} % · {_communication(analysis)}",
+                style="dim")
 
 
 def _communication(analysis: IterationAnalysis) -> str:
@@ -65,14 +76,6 @@ def _communication(analysis: IterationAnalysis) -> str:
     if len(analysis.ranks) > 1 and not analysis.collectives:
         return "no comm seen"
     return f"exposed {analysis.exposed_comm_ms:.0f} ms"
-
-
-def _straggler(text: Text, rank: int, category: str, busy_ms: float, tail: str) -> None:
-    """``straggler rank 1 (io +122 ms…)``: the rank in red, the category in its colour."""
-    text.append(f"straggler rank {rank}", style=f"bold {STRAGGLER_COLOUR}")
-    text.append(" (")
-    text.append(label(category), style=colour(category))
-    text.append(f" {busy_ms:+.0f} ms{tail})")
 
 
 def critical_path_bar(analysis: IterationAnalysis, width: int) -> Text:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -12,7 +14,9 @@ from dagtop.ui.palette import colour
 
 
 def speedup_bar(speedup: float, width: int) -> Text:
-    """Speedup above 1 as a bar: one cell per ``1/width`` of doubling, capped at ``width``."""
+    """Speedup above 1 as a bar: one cell per ``1/width`` of doubling, capped at ``width`` (none for no figure)."""
+    if math.isnan(speedup):
+        return Text("")
     cells = max(0, min(width, round((speedup - 1.0) * width)))
     return Text("▇" * cells, style="green" if speedup > 1.005 else "dim")
 
@@ -24,7 +28,9 @@ def efficiency_text(w: WhatIf) -> Text:
 
 def throughput_text(w: WhatIf, with_efficiency: bool = True) -> Text:
     """``×1.36``; with more workers also the scaling efficiency, ``×1.54 (77 %)``: per-iteration time alone
-    would read as "more GPUs make it slower" under weak scaling."""
+    would read as "more GPUs make it slower" under weak scaling. ``—`` for a change the model cannot predict."""
+    if not w.predictable:
+        return Text("—", style="dim")
     text = Text(f"×{w.throughput:.2f}", style="bold green" if w.throughput > 1.05 else "")
     if with_efficiency:
         text.append_text(efficiency_text(w))
@@ -32,19 +38,20 @@ def throughput_text(w: WhatIf, with_efficiency: bool = True) -> Text:
 
 
 def what_if_table(analysis: IterationAnalysis, width: int) -> Table:
-    """Rows: now (measured and modelled), then each change by predicted throughput, best first.
+    """Rows: now (measured and modelled), then each change by predicted throughput, best first, and last the changes
+    the model cannot predict on this job (``—``: the details say why).
 
     The figures keep their width; where the change names do not fit, a name is shortened with "…" before its
     ``?`` (not validated) and its scaling efficiency, which always show."""
-    changes = sorted(analysis.what_if, key=lambda w: -w.throughput)
+    changes = sorted(analysis.what_if, key=lambda w: (not w.predictable, -w.throughput if w.predictable else 0.0))
     narrow = width < 50  # the efficiency rides with the change's name, where the column has room for it
     names: list[tuple[Text, Text]] = [(Text(str(Change.IDENTITY), style="bold"), Text())]
     for w in changes:
-        marks = Text(" ?", style="yellow") if w.change.doubt else Text()  # not validated within 10 % of a re-run
-        if narrow:
+        marks = Text(" ?", style="yellow") if w.change.doubt and w.predictable else Text()  # not validated within 10 %
+        if narrow and w.predictable:
             marks.append_text(efficiency_text(w))
         names.append((Text(w.label, style=colour(w.change.category)), marks))
-    ms = [f"{analysis.predicted_ms:.1f}", *(f"{w.iteration_ms:.1f}" for w in changes)]
+    ms = [f"{analysis.predicted_ms:.1f}", *(f"{w.iteration_ms:.1f}" if w.predictable else "—" for w in changes)]
     throughput = [Text("×1.00"), *(throughput_text(w, not narrow) for w in changes)]
     ms_w = max(len("ms/it"), *map(len, ms))
     figures_w = max(t.cell_len for t in throughput)

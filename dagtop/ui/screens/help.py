@@ -29,7 +29,7 @@ KEYS = key_rows(SCREEN_KEYS)
 
 PANELS = (
     ("status", "source, ranks connected / expected, iteration shown, iterations/s, lag, frames lost"),
-    ("verdict", "steady bottleneck and late rank over 20 iterations, then the iteration shown"),
+    ("verdict", "bottleneck (≈: a tie), straggler on evidence, over 20 its; a hang's holder"),
     ("timeline", "a Gantt chart of the iteration: a row per rank and lane, collectives, critical path"),
     ("ranks", "ms per category per rank; Δ busy: its work minus the others' median; ◀ straggler"),
     ("what if…", "the model's predicted ms per iteration and throughput for each change (w: details)"),

@@ -57,7 +57,7 @@ class WhatIfDetails:
                     Text("What each change assumes", style="bold underline"), assumes, Text(""),
                     Text("Where it came from", style="bold underline"), _decomposition(a), _interference(a),
                     _scaling(a),
-                    Text(""), _confidence(a), Text(""),
+                    Text(""), _confidence(a), _unpredictable(a), Text(""),
                     Text("Every other task keeps its measured duration and order, except compute that ran under a "
                          "collective: a change to communication rescales it by the interference fitted above.",
                          style="dim"),
@@ -98,9 +98,20 @@ def _scaling(a: IterationAnalysis) -> RenderableType:
     return Group(Text(f"network: {a.network.describe()}."), rows)
 
 
+def _unpredictable(a: IterationAnalysis) -> RenderableType:
+    """The changes the model cannot predict on this job (— in the table), each with why."""
+    odd = [w for w in a.what_if if not w.predictable]
+    if not odd:
+        return Text("")
+    reasons = _grid()
+    for w in odd:
+        reasons.add_row(Text(w.label, style="bold"), Text(w.unpredictable))
+    return Group(Text(""), Text("Not predictable on this job (— in the table)", style="bold"), reasons)
+
+
 def _confidence(a: IterationAnalysis) -> RenderableType:
     """The changes whose predictions were not validated within 10 % of a real re-run, with the reason."""
-    low = [w for w in a.what_if if w.change.doubt]
+    low = [w for w in a.what_if if w.change.doubt and w.predictable]
     if not low:
         return Text("Every change shown was validated within 10 % of a real re-run (benchmarks/validate_whatif.py).",
                     style="dim")
