@@ -133,10 +133,10 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
          "within the iterations' spread)" if tie else "") + "\n")
     st = s["straggler"]
     if st:
-        lo, hi = st["busy_excess_range_ms"]
-        w(f"straggler        rank {st['rank']}: busy {st['busy_excess_ms']:+.1f} ms per iteration [{lo:.1f}, "
-          f"{hi:.1f} at 95 %] over the other ranks' median, most of it {st['category']} ({st['excess_ms']:+.1f} ms); "
-          f"above them in {st['above']} of {st['iterations']} iterations (p = {st['p_value']:.1g})\n")
+        lo, hi = st["excess_range_ms"]
+        w(f"straggler        rank {st['rank']}: {st['category']} {st['excess_ms']:+.1f} ms per iteration [{lo:.1f}, "
+          f"{hi:.1f} at 95 %] over the other ranks' median (busy {st['busy_excess_ms']:+.1f} ms); above them in "
+          f"{st['above']} of {st['iterations']} iterations (p = {st['p_value']:.1g})\n")
     else:
         w("straggler        none (no rank's excess passes the sign test and the minimum effect)\n")
     w("critical path    " + "  ".join(f"{c} {share * 100:.0f} %" for c, share in

@@ -205,25 +205,25 @@ class SteadyStraggler:
 
     rank: int
     category: str
-    """The work category (io, pcie, compute) where its excess has the largest median."""
+    """The work category (io, pcie, compute) in which it was named: where it loses the time."""
     above: int
-    """Iterations of the window in which its busy time was above the other ranks' median."""
-    busy_excess_ms: float
-    """Median over every iteration of the window of its busy time minus the other ranks' median (Δ busy)."""
-    busy_excess_range_ms: tuple[float, float] = (0.0, 0.0)
+    """Iterations of the window in which its time in ``category`` was above the other ranks' median."""
+    excess_ms: float
+    """Median over every iteration of the window of its time in ``category`` minus the other ranks' median: the
+    headline's figure, and what 'straggler at median' takes away."""
+    excess_range_ms: tuple[float, float] = (0.0, 0.0)
     """The 95 % confidence interval of that median (order statistics of the binomial)."""
-    category_excess_ms: float = 0.0
-    """Median over the window of its time in ``category`` minus the other ranks' median: what 'straggler at
-    median' takes away."""
+    busy_excess_ms: float = 0.0
+    """Median over the window of its busy time (io + pcie + compute) minus the other ranks' median (Δ busy)."""
     iterations: int = 0
-    """Iterations of the window in which it was above or below the others (ties left out)."""
+    """Iterations of the window in which it was above or below the others in ``category`` (ties left out)."""
     p_value: float = 0.0
-    """The sign test's one-sided p-value, corrected for the number of ranks."""
+    """The sign test's one-sided p-value, corrected for the number of tests (ranks × categories)."""
 
     def describe(self) -> str:
         """``compute +35 ms [28, 41]``: the category and the excess with its interval."""
-        lo, hi = self.busy_excess_range_ms
-        return f"{self.category} {self.busy_excess_ms:+.0f} ms [{lo:.0f}, {hi:.0f}]"
+        lo, hi = self.excess_range_ms
+        return f"{self.category} {self.excess_ms:+.0f} ms [{lo:.0f}, {hi:.0f}]"
 
 
 GATHER: Final = 10

@@ -1,22 +1,23 @@
 """The straggler, named only on evidence: the one rule behind the verdict, the ranks table's ◀, the rank picker and
 ``dagtop report``.
 
-A rank's **excess** in an iteration is its busy time (io + pcie + compute: work, not waiting) minus the median of the
+A rank's **excess** in a work category (io, pcie, compute) in an iteration is its time there minus the median of the
 other ranks'. In synchronous SGD every rank's iteration takes the same wall time, the early ones waiting in a
-collective, so the difference shows in the work done. Over a window of iterations a rank is named when:
+collective, so the difference shows in the work done; each category on its own, so that a loader 40 ms slower
+every iteration is not lost in the noise of a compute time shared with other processes. Over a window of
+iterations a rank is named, in a category, when:
 
 1. **the sign test says it is not chance**: it was above the others in k of the window's n iterations (ties left
-   out), and the one-sided p-value P(Binomial(n, ½) ≥ k), multiplied by the number of ranks (Bonferroni: every
-   rank had its chance), is at most :data:`NAME_ALPHA`. With two ranks one of them is above the other in half of
-   the iterations by chance, and above it in 12 of 20 with probability 0.25: a share of "late" iterations is no
-   evidence; 19 of 20 is (p = 2·10⁻⁵, 4·10⁻⁵ for either rank). The level is strict because the live verdict asks
-   again at every iteration, a few hundred times an hour: at 2·10⁻⁴ a balanced job of 60 iterations watched live
-   gets a name in under 1 % of runs (tests/test_straggler.py simulates it), and a straggler above the others in
-   every iteration is named from its 14th (two ranks; 15th with four). Noise on a shared machine is not
-   independent from one iteration to the next (a rank starved of CPU for a few seconds is above the others for a
-   run of iterations), which would fool the test more often than its p-value says: n and k are first shrunk to
-   their effective size, n (1 − ρ) / (1 + ρ), with ρ the lag-1 autocorrelation of the signs it counts (pooled over
-   the ranks and the recent iterations, :func:`_serial`);
+   out), and the one-sided p-value P(Binomial(n, ½) ≥ k), multiplied by the number of tests (ranks × categories
+   some rank spends the minimum effect in: Bonferroni, every one had its chance), is at most :data:`NAME_ALPHA`. With two ranks
+   one of them is above the other in half of the iterations by chance, and above it in 12 of 20 with probability
+   0.25: a share of "late" iterations is no evidence; 19 of 20 is (p = 2·10⁻⁵). The level is strict because the
+   live verdict asks again at every iteration, a few hundred times an hour: at 2·10⁻⁴ a balanced job of 60
+   iterations watched live gets a name in under 1 % of runs (tests/test_straggler.py simulates it), and a straggler
+   above the others in every iteration is named from its 14th (two ranks; 16th with four). Noise on a shared machine is not independent from one iteration to the next (a rank starved of
+   CPU for a few seconds is above the others for a run of iterations), which would fool the test more often than
+   its p-value says: n and k are first shrunk to their effective size, n (1 − ρ) / (1 + ρ), with ρ the lag-1
+   autocorrelation of the signs it counts (pooled over the ranks and the recent iterations, :func:`_serial`);
 2. **the effect is large enough to act on, with confidence**: the lower end of the 95 % interval of its median
    excess is at least :func:`min_effect` (5 % of the window's median iteration, and at least 1 ms): a rank whose
    excess stays small is not named however regular it is.
@@ -26,8 +27,7 @@ least the minimum effect), so that the name does not flicker at the threshold; b
 a rank above the others in 12 of 20 iterations is dropped.
 
 The excess is reported as the median over **every** iteration of the window with its distribution-free 95 %
-interval (order statistics of the binomial), never over a chosen subset: ``+35 ms [28, 41]``. The category is the
-one of io, pcie and compute whose own excess has the largest median over the window.
+interval (order statistics of the binomial), never over a chosen subset: ``+35 ms [28, 41]``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Final
 
 import numpy as np
 
+from dagtop.model.analysis import medians_of_the_others
 from dagtop.model.snapshot import IterationAnalysis, SteadyStraggler
 from dagtop.model.stats import effective_size, median_interval, sign_test
 from dagtop.model.table import F64
@@ -64,15 +65,16 @@ def min_effect(window: Sequence[IterationAnalysis]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class RankEvidence:
-    """What a window says of one rank."""
+    """What a window says of one rank in one category."""
 
     rank: int
+    category: str
     above: int
-    """Iterations in which its busy time was above the other ranks' median."""
+    """Iterations in which its time in ``category`` was above the other ranks' median."""
     iterations: int
     """Iterations in which it was above or below (ties left out)."""
     p_value: float
-    """The sign test's one-sided p-value, multiplied by the number of ranks (at most 1)."""
+    """The sign test's one-sided p-value, multiplied by the number of tests (ranks × categories seen; at most 1)."""
     excess_ms: float
     """Median of its excess over every iteration of the window."""
     excess_range_ms: tuple[float, float]
@@ -83,8 +85,9 @@ class RankEvidence:
 
 
 def evidence(window: Sequence[IterationAnalysis], history: Sequence[IterationAnalysis] = ()) -> list[RankEvidence]:
-    """Every rank's evidence over ``window`` (oldest first), the most suspect first (smallest p-value, then the
-    largest median excess). A rank missing from an iteration is left out of that iteration.
+    """The evidence over ``window`` (oldest first) of every rank and work category that could be named: whose median
+    excess reaches :func:`min_effect` (no other could be named, nor kept), the most suspect first (smallest p-value,
+    then the largest median excess). A rank missing from an iteration is left out of that iteration.
 
     Args:
         history: a longer run of counted iterations ending with the window, to estimate the serial correlation
@@ -93,46 +96,98 @@ def evidence(window: Sequence[IterationAnalysis], history: Sequence[IterationAna
     ranks = sorted({row.rank for a in window for row in a.per_rank})
     if len(ranks) < 2 or not window:
         return []
-    rho = _serial(history if len(history) > len(window) else window, ranks)
-    excess = _excess(window, ranks)
-    if np.isnan(excess).any():  # a rank missing from some iterations: each rank over the iterations it has
-        columns = [np.sort(excess[:, j][~np.isnan(excess[:, j])]) for j in range(len(ranks))]
-    else:
-        columns = list(np.sort(excess, axis=0).T)
-    above = (excess > 0).sum(axis=0)
-    below = (excess < 0).sum(axis=0)
+    longer = history if len(history) > len(window) else window
+    floor = min_effect(window)
+    tests = []
+    for category in WORK:
+        own = _times(window, ranks, category)
+        # A category no rank spends the minimum effect in could not name anyone (an excess is at most the time):
+        # no test, and no share of the correction.
+        if np.nanmax(np.nanmedian(own, axis=0)) >= floor:
+            tests.append((category, _excess(window, ranks, category), longer))
     out = []
-    for j, r in enumerate(ranks):
-        values = columns[j]
-        if not len(values):
+    for category, excess, longer in tests:
+        medians = np.nanmedian(excess, axis=0)
+        suspects = np.flatnonzero(medians >= floor)
+        if not len(suspects):
             continue
-        k, n = int(above[j]), int(above[j] + below[j])
-        n_eff = effective_size(n, rho)
-        p = sign_test(n_eff, k * n_eff / n) if n else 1.0
-        lo, hi = median_interval(values.tolist(), CONFIDENCE)
-        out.append(RankEvidence(r, k, n, min(1.0, p * len(ranks)), float(np.median(values)), (float(lo), float(hi)),
-                                max(rho, 0.0)))
-    out.sort(key=lambda e: (e.p_value, -e.excess_ms, e.rank))
+        rho = _serial(_excess(longer, ranks, category))
+        above = (excess > 0).sum(axis=0)
+        below = (excess < 0).sum(axis=0)
+        for j in suspects.tolist():
+            column = excess[:, j]
+            values = column[~np.isnan(column)].tolist()
+            k, n = int(above[j]), int(above[j] + below[j])
+            n_eff = effective_size(n, rho)
+            p = sign_test(n_eff, k * n_eff / n) if n else 1.0
+            lo, hi = median_interval(values, CONFIDENCE)
+            out.append(RankEvidence(ranks[j], category, k, n, min(1.0, p * len(ranks) * len(tests)),
+                                    float(medians[j]), (float(lo), float(hi)), max(rho, 0.0)))
+    out.sort(key=lambda e: (e.p_value, -e.excess_ms, e.rank, e.category))
     return out
 
 
-def _excess(window: Sequence[IterationAnalysis], ranks: list[int]) -> F64:
-    """(iterations × ranks) of each rank's busy excess over the others' median; NaN where a rank is missing."""
-    column = {r: i for i, r in enumerate(ranks)}
-    excess = np.full((len(window), len(ranks)), np.nan)
+def _times(window: Sequence[IterationAnalysis], ranks: list[int], category: str, excess: bool = False) -> F64:
+    """(iterations × ranks) of each rank's ms in ``category`` (``busy``: io + pcie + compute), or with ``excess`` its
+    ms minus the other ranks' median in that iteration; NaN where a rank is missing. Each analysis's row is made
+    once (:func:`_row`)."""
+    out = np.full((len(window), len(ranks)), np.nan)
+    wanted = tuple(ranks)
+    column: dict[int, int] | None = None
     for i, a in enumerate(window):
-        for row in a.per_rank:
-            if row.rank in column:
-                excess[i, column[row.rank]] = row.deviation_ms
-    return excess
+        held, times, over = _row(a, category)
+        values = over if excess else times
+        if held == wanted:
+            out[i] = values
+            continue
+        column = column or {r: j for j, r in enumerate(ranks)}
+        for r, v in zip(held, values.tolist()):
+            if r in column:
+                out[i, column[r]] = v
+    return out
 
 
-def _serial(history: Sequence[IterationAnalysis], ranks: list[int]) -> float:
-    """Lag-1 autocorrelation of the signs of the ranks' excess over ``history`` (what the sign test counts), each
-    rank's about its own mean, pooled. Of the signs, not the excess itself: a rank above the others in every
-    iteration has no sign to correlate; its excess may drift (a hog's share of a core does), but its count of
-    iterations above is not in doubt, while a balanced job's drift shows as runs of one sign."""
-    excess = _excess(history, ranks)
+def _excess(window: Sequence[IterationAnalysis], ranks: list[int], category: str) -> F64:
+    """:func:`_times` with ``excess``."""
+    return _times(window, ranks, category, excess=True)
+
+
+_ROWS_KEPT: Final = 3 * 96
+"""Rows kept by :func:`_row`: three categories of the 60 analyses the verdict reads, and some."""
+_rows: dict[tuple[int, str], tuple[object, tuple[int, ...], F64, F64]] = {}
+"""Per analysis's rows (by identity, the rows themselves held so that their id is not reused) and category:
+(rows, ranks, ms, excess ms)."""
+
+
+def _row(a: IterationAnalysis, category: str) -> tuple[tuple[int, ...], F64, F64]:
+    key = (id(a.per_rank), category)
+    held = _rows.get(key)
+    if held is None or held[0] is not a.per_rank:
+        ranks = tuple(row.rank for row in a.per_rank)
+        if category == "busy":
+            times = np.array([row.io_ms + row.pcie_ms + row.compute_ms for row in a.per_rank])
+        else:
+            times = np.array([getattr(row, f"{category}_ms") for row in a.per_rank])
+        excess = times - medians_of_the_others(times) if len(times) >= 2 else np.full_like(times, np.nan)
+        held = (a.per_rank, ranks, times, excess)
+        if len(_rows) >= _ROWS_KEPT:
+            del _rows[next(iter(_rows))]
+        _rows[key] = held
+    return held[1], held[2], held[3]
+
+
+def _serial(excess: F64) -> float:
+    """Lag-1 autocorrelation of the signs of the ranks' excess (what the sign test counts), each rank's about its own
+    mean, pooled. Of the signs, not the excess itself: a rank above the others in every iteration has no sign to
+    correlate; its excess may drift (a hog's share of a core does), but its count of iterations above is not in
+    doubt, while a balanced job's drift shows as runs of one sign."""
+    if len(excess) < 2:
+        return 0.0
+    if not np.isnan(excess).any():
+        signs = np.sign(excess)
+        e = signs - signs.mean(axis=0)
+        den = float((e * e).sum())
+        return float((e[:-1] * e[1:]).sum()) / den if den > 0 else 0.0
     num = den = 0.0
     for column in excess.T:
         signs = np.sign(column[~np.isnan(column)])
@@ -158,22 +213,7 @@ def decide(window: Sequence[IterationAnalysis], previous: SteadyStraggler | None
                       and e.excess_ms >= floor), None)
     if named is None:
         return None
-    category, category_ms = _category(window, named.rank)
-    return SteadyStraggler(named.rank, category, named.above, named.excess_ms, named.excess_range_ms,
-                           category_ms, named.iterations, named.p_value)
-
-
-def _category(window: Sequence[IterationAnalysis], rank: int) -> tuple[str, float]:
-    """The work category where ``rank``'s excess has the largest median over the window, and that median (ms)."""
-    per: dict[str, list[float]] = {c: [] for c in WORK}
-    for a in window:
-        mine = next((row for row in a.per_rank if row.rank == rank), None)
-        others = [row for row in a.per_rank if row.rank != rank]
-        if mine is None or not others:
-            continue
-        for c in WORK:
-            field = f"{c}_ms"
-            per[c].append(getattr(mine, field) - float(np.median([getattr(o, field) for o in others])))
-    medians = {c: float(np.median(v)) if v else 0.0 for c, v in per.items()}
-    best = max(WORK, key=lambda c: (medians[c], -WORK.index(c)))
-    return best, medians[best]
+    ranks = sorted({row.rank for a in window for row in a.per_rank})
+    busy = _excess(window, ranks, "busy")[:, ranks.index(named.rank)]
+    return SteadyStraggler(named.rank, named.category, named.above, named.excess_ms, named.excess_range_ms,
+                           float(np.nanmedian(busy)), named.iterations, named.p_value)

@@ -58,8 +58,8 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
     steady = advance(None, complete)
     named = steady.straggler
     straggler = None if named is None else {
-        "rank": named.rank, "category": named.category, "excess_ms": named.category_excess_ms,
-        "busy_excess_ms": named.busy_excess_ms, "busy_excess_range_ms": list(named.busy_excess_range_ms),
+        "rank": named.rank, "category": named.category, "excess_ms": named.excess_ms,
+        "excess_range_ms": list(named.excess_range_ms), "busy_excess_ms": named.busy_excess_ms,
         "above": named.above, "iterations": named.iterations, "p_value": named.p_value}
     what_if = _what_ifs(complete, named.rank if named is not None else None)
     network = next((a.network for a in reversed(complete) if a.network is not None), None)

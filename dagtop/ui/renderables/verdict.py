@@ -19,7 +19,8 @@ def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: i
     Until the window has :data:`~dagtop.model.snapshot.GATHER` iterations past warm-up it says so instead of a
     verdict (``gathering: 3 of 10 iterations past warm-up``). Two categories within the window's spread are a tie
     (``compute ≈ all-reduce (41 % / 38 %)``). The straggler is the one :mod:`dagtop.model.straggler` names: its
-    busy time over the other ranks' median, the median over the window and its 95 % interval. Narrower than
+    time in the category it was named in over the other ranks' median, the median over the window and its 95 %
+    interval. Narrower than
     ``NARROW`` the interval and some words go::
 
         io 78 % of critical path (last 20) · straggler rank 1 (io +122 ms) │ it 55: …
@@ -54,8 +55,8 @@ def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: i
         text.append(f"straggler rank {st.rank}", style=f"bold {STRAGGLER_COLOUR}")
         text.append(" (")
         text.append(label(st.category), style=colour(st.category))
-        lo, hi = st.busy_excess_range_ms
-        text.append(f" {st.busy_excess_ms:+.0f} ms" + ("" if narrow else f" [{lo:.0f}, {hi:.0f}]") + ")")
+        lo, hi = st.excess_range_ms
+        text.append(f" {st.excess_ms:+.0f} ms" + ("" if narrow else f" [{lo:.0f}, {hi:.0f}]") + ")")
     _iteration(text, analysis)
     return text
 

@@ -1,0 +1,278 @@
+"""How often dagtop's verdict is right on real jobs on this machine, with another CPU-heavy process running.
+
+Each run starts ``benchmarks/verdict_job.py`` (a DDP job written for this, not the demo) on 2 or 4 ranks, records
+its first ``--iterations`` steps with dagtop (the job then closes dagtop and measures the truth with its own clock,
+inside the same processes), and replays the recording through the pipeline the live screen uses. A busy loop in
+a session of its own (``while True: pass``) runs throughout, started here: the noise a shared node has.
+
+Cases: ``balanced`` (no rank slowed), ``comm`` (communication-heavy: 40 MB of gradients a step, balanced),
+``script`` (balanced, with a hand-written all-reduce and barrier per step), ``io`` (one rank's loader sleeps) and
+``compute`` (one rank starts a CPU hog of its own, pinned with it to one core), on 2 and 4 ranks.
+
+Per run, from every live verdict sample (the steady verdict as of each iteration, as the screen showed it) and from
+``report --json``:
+
+* balanced runs: a **false name** is any sample, or the report, naming a straggler; **flips**: the bottleneck said
+  alone changing to another category said alone with no tie in between;
+* straggler runs: **named right** when the slow rank and its category are named by the 20th counted iteration
+  (past warm-up), and never another rank; the **excess** (the report's median busy excess) against the truth, the
+  job's own clock: the slow rank's busy time minus the others' median, step by step, in the synchronous steps
+  with the slowness on (``busy_on``) and under ``no_sync`` (``nosync``); **straggler at median** (the report's
+  predicted speedup) against the job's step time with the slowness on over off, blocks of 5 steps interleaved.
+
+Results go to ``--out`` as one JSON file per run, so that a campaign can be split into several holds of the bench
+lock; ``--summary`` prints the tables from what is there. Run under the lock, e.g.::
+
+    flock /tmp/dagtop-bench.lock python benchmarks/verdict_accuracy.py --out DIR --cases balanced-2:10,io-2:8
+    python benchmarks/verdict_accuracy.py --out DIR --summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dagtop.demo.launch import HOST_MEMORY_REUSE, free_port
+from dagtop.model.summary import summarize
+from dagtop.model.verdict import counts
+from dagtop.record import record
+from dagtop.recording import RecordingWriter
+from dagtop.report import load, select
+from dagtop.sources import ANY_LOCAL_PORT, ZmqSource
+
+JOB = ROOT / "benchmarks" / "verdict_job.py"
+NAMED_BY = 20
+"""A true straggler must be named by this many counted iterations (past warm-up)."""
+CASES: dict[str, dict[str, Any]] = {
+    "balanced-2": {"mode": "balanced", "ranks": 2},
+    "balanced-4": {"mode": "balanced", "ranks": 4},
+    "comm-2": {"mode": "comm", "ranks": 2},
+    "comm-4": {"mode": "comm", "ranks": 4},
+    "script-2": {"mode": "balanced", "ranks": 2, "args": ["--script"]},
+    "io-2": {"mode": "io", "ranks": 2, "slow": 1, "category": "io", "args": ["--io-ms", "40"]},
+    "io-4": {"mode": "io", "ranks": 4, "slow": 2, "category": "io", "args": ["--io-ms", "60"]},
+    "compute-2": {"mode": "compute", "ranks": 2, "slow": 1, "category": "compute"},
+    "compute-4": {"mode": "compute", "ranks": 4, "slow": 3, "category": "compute"},
+}
+"""Case → how its job runs: mode, ranks, the slow rank and the category it is slow in (straggler cases)."""
+
+
+def run_job(case: str, spec: dict[str, Any], iterations: int, work: Path) -> tuple[Path, list[dict[str, Any]], str]:
+    """Record one run of the case; (recording, each rank's truth, job log)."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "run.dagtop"
+    straggler = "slow" in spec
+    args = ["--mode", spec["mode"], "--iterations", str(iterations), "--out", str(work), *spec.get("args", [])]
+    if straggler:
+        args += ["--slow-rank", str(spec["slow"]), "--nosync-steps", "20", "--blocks", "4"]
+    source = ZmqSource(ANY_LOCAL_PORT)
+    port = str(free_port())
+    log = open(work / "job.log", "wb")  # noqa: SIM115 - closed below
+    procs = []
+    try:
+        with RecordingWriter(path) as writer:
+            for r in range(spec["ranks"]):
+                env = {**HOST_MEMORY_REUSE, **os.environ, "RANK": str(r), "LOCAL_RANK": str(r),
+                       "WORLD_SIZE": str(spec["ranks"]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                       "DAGTOP_ENDPOINT": source.endpoint, "DAGTOP_TELEMETRY": "0"}
+                procs.append(subprocess.Popen([sys.executable, str(JOB), *args], env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
+            record(source, writer, None, 120.0, spec["ranks"], None, should_stop=lambda: all(p.poll() is not None
+                                                                                             for p in procs))
+        for p in procs:
+            p.wait(timeout=900)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        source.close()
+        log.close()
+    truth = [json.loads((work / f"truth-{r}.json").read_text()) for r in range(spec["ranks"])
+             if (work / f"truth-{r}.json").exists()]
+    return path, truth, (work / "job.log").read_text(errors="replace")
+
+
+def judge(case: str, spec: dict[str, Any], path: Path, truth: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the verdict said over the run, against the truth."""
+    pipeline, _ = load(str(path))
+    analyses = pipeline.analyses()
+    said = [a.steady for a in analyses if a.steady is not None and not a.steady.gathering]
+    named = [(s.straggler.rank, s.straggler.category) for s in said if s.straggler is not None]
+    counted = 0
+    first_right = None
+    for a in analyses:
+        counted += counts(a)
+        st = a.steady.straggler if a.steady is not None else None
+        if first_right is None and st is not None and (st.rank, st.category) == (spec.get("slow"), spec.get("category")):
+            first_right = counted
+    summary = summarize(select(analyses, None))
+    out: dict[str, Any] = {
+        "case": case, "ranks": spec["ranks"], "iterations": len([a for a in analyses if counts(a)]),
+        "iteration_ms": summary["iteration_ms"]["median"], "samples": len(said),
+        "named_samples": len(named), "named": sorted(set(named)), "report_straggler": summary["straggler"],
+        "bottleneck": summary["bottleneck"], "tied_with": summary["tied_with"],
+        "shares": summary["critical_path"], "flips": _flips(said), "ties": sum(s.tied_with is not None for s in said),
+        "load": os.getloadavg(),
+    }
+    if "slow" not in spec:
+        return out
+    slow = spec["slow"]
+    out["first_right"] = first_right
+    out["wrong"] = sorted({r for r, _ in named if r != slow})
+    st = summary["straggler"]
+    out["excess_ms"] = st["busy_excess_ms"] if st and st["rank"] == slow else None
+    last = next((a.steady.straggler for a in reversed(analyses) if a.steady is not None), None)
+    out["live_excess_ms"] = last.busy_excess_ms if last is not None and last.rank == slow else None
+    fix = next((w for w in summary["what_if"] if w["change"] == "straggler at median" and w.get("rank") == slow), None)
+    out["predicted_speedup"] = fix["speedup"] if fix else None
+    if len(truth) == spec["ranks"]:
+        out["truth_busy_on_ms"] = _excess([t["busy_on_ns"] for t in truth], slow)
+        out["truth_nosync_ms"] = _excess([t["busy_nosync_ns"] for t in truth], slow)
+        on = statistics.median(truth[0]["step_on_ns"])
+        off = statistics.median(truth[0]["step_off_ns"])
+        out["truth_speedup"] = on / off
+        out["truth_step_on_ms"], out["truth_step_off_ms"] = on / 1e6, off / 1e6
+    return out
+
+
+def _excess(per_rank: list[list[int]], slow: int) -> float | None:
+    """Median over steps of the slow rank's ns minus the other ranks' median, in ms."""
+    steps = min(len(x) for x in per_rank)
+    if not steps:
+        return None
+    diffs = [(per_rank[slow][i] - statistics.median(x[i] for r, x in enumerate(per_rank) if r != slow)) / 1e6
+             for i in range(steps)]
+    return statistics.median(diffs)
+
+
+def _flips(said: list[Any]) -> int:
+    """Times the bottleneck said alone became another category said alone, no tie between."""
+    flips, last = 0, None
+    for s in said:
+        if s.tied_with is not None:
+            last = None
+            continue
+        if last is not None and s.bottleneck != last:
+            flips += 1
+        last = s.bottleneck
+    return flips
+
+
+def hog() -> subprocess.Popen[bytes]:
+    """A busy loop in a session of its own: another CPU-heavy process on the machine."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+
+
+def campaign(out: Path, plan: list[tuple[str, int]], iterations: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    busy = hog()
+    try:
+        # Interleaved: one run of each case in turn, so that the machine's mood is shared out evenly.
+        left = dict(plan)
+        while any(left.values()):
+            for case, n in list(left.items()):
+                if not n:
+                    continue
+                left[case] = n - 1
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                with tempfile.TemporaryDirectory(prefix=f"verdict-{case}-") as tmp:
+                    path, truth, log = run_job(case, CASES[case], iterations, Path(tmp))
+                    try:
+                        result = judge(case, CASES[case], path, truth)
+                    except Exception as exc:  # noqa: BLE001 - one broken run is reported, not the campaign's end
+                        result = {"case": case, "error": f"{type(exc).__name__}: {exc}", "log": log[-2000:]}
+                (out / f"{case}-{stamp}-{os.getpid()}.json").write_text(json.dumps(result))
+                print(f"{case}: {_line(result)}", flush=True)
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def _line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return "error " + r["error"]
+    said = f"{r['iterations']} its, {r['iteration_ms']:.0f} ms, named {r['named']} in {r['named_samples']}/" \
+           f"{r['samples']} samples, report {(r['report_straggler'] or {}).get('rank')}, flips {r['flips']}"
+    if "first_right" in r:
+        said += (f", first right at {r['first_right']}, excess {r['excess_ms']} (truth {r.get('truth_busy_on_ms')}"
+                 f" / nosync {r.get('truth_nosync_ms')}), speedup {r['predicted_speedup']} (truth "
+                 f"{r.get('truth_speedup')})")
+    return said + f", load {r['load'][0]:.1f}"
+
+
+def summary(out: Path) -> None:
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    broken = [r for r in runs if "error" in r]
+    runs = [r for r in runs if "error" not in r]
+    print(f"{len(runs)} runs ({len(broken)} broken) in {out}")
+    balanced = [r for r in runs if "first_right" not in r]
+    if balanced:
+        false = [r for r in balanced if r["named"] or r["report_straggler"]]
+        samples = sum(r["samples"] for r in balanced)
+        named = sum(r["named_samples"] for r in balanced)
+        print(f"balanced: {len(false)} of {len(balanced)} recordings named a straggler; {named} of {samples} live "
+              f"verdict samples ({named / max(samples, 1) * 100:.2f} %); flips {sum(r['flips'] for r in balanced)}; "
+              f"tie samples {sum(r['ties'] for r in balanced)}")
+        for case in sorted({r["case"] for r in balanced}):
+            mine = [r for r in balanced if r["case"] == case]
+            other = statistics.median(r["shares"]["other"] for r in mine)
+            said = sorted({f"{r['bottleneck']}{' ≈ ' + r['tied_with'] if r['tied_with'] else ''}" for r in mine})
+            print(f"  {case:<11} {len(mine):>3} runs, median {statistics.median(r['iteration_ms'] for r in mine):.0f} "
+                  f"ms/it, false names {sum(bool(r['named'] or r['report_straggler']) for r in mine)}, 'other' share "
+                  f"median {other * 100:.1f} %, reports {said}")
+    stragglers = [r for r in runs if "first_right" in r]
+    if stragglers:
+        right = [r for r in stragglers if r["first_right"] is not None and r["first_right"] <= NAMED_BY and not r["wrong"]]
+        print(f"stragglers: named right within {NAMED_BY} iterations in {len(right)} of {len(stragglers)} runs "
+              f"({len(right) / len(stragglers) * 100:.0f} %)")
+        print(f"  {'case':<11} {'runs':>4} {'right':>5} {'first':>5} {'excess':>8} {'truth':>8} {'nosync':>8} "
+              f"{'err':>7} {'fix':>6} {'re-run':>6} {'err':>7}")
+        for r in stragglers:
+            err = (r["excess_ms"] / r["truth_busy_on_ms"] - 1) * 100 if r.get("excess_ms") and r.get("truth_busy_on_ms") \
+                else float("nan")
+            fix_err = (r["predicted_speedup"] / r["truth_speedup"] - 1) * 100 if r.get("predicted_speedup") and \
+                r.get("truth_speedup") else float("nan")
+            print(f"  {r['case']:<11} {'':>4} {r in right!s:>5} {r['first_right']!s:>5} "
+                  f"{_ms(r.get('excess_ms'))} {_ms(r.get('truth_busy_on_ms'))} {_ms(r.get('truth_nosync_ms'))} "
+                  f"{err:+6.1f}% {_x(r.get('predicted_speedup'))} {_x(r.get('truth_speedup'))} {fix_err:+6.1f}%")
+
+
+def _ms(x: float | None) -> str:
+    return f"{x:8.1f}" if x is not None else f"{'-':>8}"
+
+
+def _x(x: float | None) -> str:
+    return f"{x:6.2f}" if x is not None else f"{'-':>6}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cases", default="", help="case:runs,... (cases: " + ", ".join(CASES) + ")")
+    parser.add_argument("--iterations", type=int, default=40, help="steps recorded with dagtop per run")
+    parser.add_argument("--summary", action="store_true", help="print the tables from the runs in --out")
+    args = parser.parse_args()
+    if args.cases:
+        plan = [(c, int(n)) for c, n in (item.split(":") for item in args.cases.split(","))]
+        unknown = [c for c, _ in plan if c not in CASES]
+        if unknown:
+            parser.error(f"unknown cases {unknown}")
+        campaign(args.out, plan, args.iterations)
+    if args.summary or not args.cases:
+        summary(args.out)
+
+
+if __name__ == "__main__":
+    main()
