@@ -70,26 +70,33 @@ CASES: dict[str, dict[str, Any]] = {
 
 def run_job(case: str, spec: dict[str, Any], iterations: int, work: Path) -> tuple[Path, list[dict[str, Any]], str]:
     """Record one run of the case; (recording, each rank's truth, job log)."""
+    args = ["--mode", spec["mode"], "--iterations", str(iterations), "--out", str(work), *spec.get("args", [])]
+    if "slow" in spec:
+        args += ["--slow-rank", str(spec["slow"]), "--nosync-steps", "20", "--blocks", "4"]
+    path, log = launch(JOB, args, spec["ranks"], work)
+    truth = [json.loads((work / f"truth-{r}.json").read_text()) for r in range(spec["ranks"])
+             if (work / f"truth-{r}.json").exists()]
+    return path, truth, log
+
+
+def launch(script: Path, args: list[str], ranks: int, work: Path) -> tuple[Path, str]:
+    """Run ``script`` on ``ranks`` ranks, recorded by dagtop until every rank has left; (recording, job log)."""
     work.mkdir(parents=True, exist_ok=True)
     path = work / "run.dagtop"
-    straggler = "slow" in spec
-    args = ["--mode", spec["mode"], "--iterations", str(iterations), "--out", str(work), *spec.get("args", [])]
-    if straggler:
-        args += ["--slow-rank", str(spec["slow"]), "--nosync-steps", "20", "--blocks", "4"]
     source = ZmqSource(ANY_LOCAL_PORT)
     port = str(free_port())
     log = open(work / "job.log", "wb")  # noqa: SIM115 - closed below
     procs = []
     try:
         with RecordingWriter(path) as writer:
-            for r in range(spec["ranks"]):
+            for r in range(ranks):
                 env = {**HOST_MEMORY_REUSE, **os.environ, "RANK": str(r), "LOCAL_RANK": str(r),
-                       "WORLD_SIZE": str(spec["ranks"]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                       "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                        "DAGTOP_ENDPOINT": source.endpoint, "DAGTOP_TELEMETRY": "0"}
-                procs.append(subprocess.Popen([sys.executable, str(JOB), *args], env=env, stdout=log,
+                procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True))
-            record(source, writer, None, 120.0, spec["ranks"], None, should_stop=lambda: all(p.poll() is not None
-                                                                                             for p in procs))
+            record(source, writer, None, 120.0, ranks, None, should_stop=lambda: all(p.poll() is not None
+                                                                                     for p in procs))
         for p in procs:
             p.wait(timeout=900)
     finally:
@@ -99,9 +106,46 @@ def run_job(case: str, spec: dict[str, Any], iterations: int, work: Path) -> tup
                 p.wait()
         source.close()
         log.close()
-    truth = [json.loads((work / f"truth-{r}.json").read_text()) for r in range(spec["ranks"])
-             if (work / f"truth-{r}.json").exists()]
-    return path, truth, (work / "job.log").read_text(errors="replace")
+    return path, (work / "job.log").read_text(errors="replace")
+
+
+def overlap(out: Path, runs: int, pairs: int) -> None:
+    """'perfect overlap' on one 40 MB bucket against the same job's steps with a comm hook that communicates
+    nothing, blocks interleaved in one job (benchmarks/overlap_truth.py)."""
+    out.mkdir(parents=True, exist_ok=True)
+    busy = hog()
+    try:
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory(prefix="overlap-") as tmp:
+                work = Path(tmp)
+                truth_path = work / "truth.json"
+                path, log = launch(ROOT / "benchmarks" / "overlap_truth.py",
+                                   ["--pairs", str(pairs), "--out", str(truth_path)], 2, work)
+                if not truth_path.exists():
+                    print("overlap: broken run\n" + log[-2000:], flush=True)
+                    continue
+                truth = json.loads(truth_path.read_text())
+                pipeline, _ = load(str(path))
+                skip = set(truth["after_silent"])
+                kept = [a for a in pipeline.analyses() if counts(a) and a.iteration not in skip]
+                perfect = [w.iteration_ms for a in kept for w in a.what_if if w.change.value == "perfect overlap"]
+                parts = summarize(kept)["decomposition"]
+                result = {
+                    "predicted": statistics.median(a.predicted_ms for a in kept) / statistics.median(perfect),
+                    "truth": statistics.median(truth["times"]["talking"]) / statistics.median(truth["times"]["silent"]),
+                    "talking_ms": statistics.median(truth["times"]["talking"]) / 1e6,
+                    "silent_ms": statistics.median(truth["times"]["silent"]) / 1e6,
+                    "measured_ms": statistics.median(a.measured_ms for a in kept),
+                    "perfect_ms": statistics.median(perfect), "decomposition": parts, "iterations": len(kept),
+                    "load": os.getloadavg()}
+                (out / f"overlap-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json").write_text(json.dumps(result))
+                print(f"overlap: predicted ×{result['predicted']:.2f}, measured ×{result['truth']:.2f} "
+                      f"(with comm {result['talking_ms']:.0f} ms, without {result['silent_ms']:.0f} ms by the job's "
+                      f"clock; dagtop {result['measured_ms']:.0f} → {result['perfect_ms']:.0f} ms), "
+                      f"{parts}, load {result['load'][0]:.1f}", flush=True)
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def judge(case: str, spec: dict[str, Any], path: Path, truth: list[dict[str, Any]]) -> dict[str, Any]:
@@ -263,14 +307,18 @@ def main() -> None:
     parser.add_argument("--cases", default="", help="case:runs,... (cases: " + ", ".join(CASES) + ")")
     parser.add_argument("--iterations", type=int, default=40, help="steps recorded with dagtop per run")
     parser.add_argument("--summary", action="store_true", help="print the tables from the runs in --out")
+    parser.add_argument("--overlap", type=int, default=0, metavar="RUNS",
+                        help="also run the one-big-bucket 'perfect overlap' check this many times")
     args = parser.parse_args()
+    if args.overlap:
+        overlap(args.out, args.overlap, 8)
     if args.cases:
         plan = [(c, int(n)) for c, n in (item.split(":") for item in args.cases.split(","))]
         unknown = [c for c, _ in plan if c not in CASES]
         if unknown:
             parser.error(f"unknown cases {unknown}")
         campaign(args.out, plan, args.iterations)
-    if args.summary or not args.cases:
+    if args.summary or not (args.cases or args.overlap):
         summary(args.out)
 
 
