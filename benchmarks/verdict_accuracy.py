@@ -47,9 +47,11 @@ from dagtop.demo.launch import HOST_MEMORY_REUSE, free_port
 from dagtop.model.summary import summarize
 from dagtop.model.verdict import counts
 from dagtop.record import record
-from dagtop.recording import RecordingWriter
+from dagtop.recording import RawFrame, RecordingWriter, read_recording
 from dagtop.report import load, select
 from dagtop.sources import ANY_LOCAL_PORT, ZmqSource
+from instrument import wire
+from instrument.events import SCRIPT
 
 JOB = ROOT / "benchmarks" / "verdict_job.py"
 NAMED_BY = 20
@@ -170,6 +172,11 @@ def judge(case: str, spec: dict[str, Any], path: Path, truth: list[dict[str, Any
         "shares": summary["critical_path"], "flips": _flips(said), "ties": sum(s.tied_with is not None for s in said),
         "load": os.getloadavg(),
     }
+    if "--script" in spec.get("args", ()):
+        # The same recording with the script's collectives taken out: how it read before they were timed.
+        blind = Path(tempfile.mkdtemp(prefix="blind-")) / "run.dagtop"
+        _without_script(path, blind)
+        out["shares_untimed_script"] = summarize(select(load(str(blind))[0].analyses(), None))["critical_path"]
     if "slow" not in spec:
         return out
     slow = spec["slow"]
@@ -189,6 +196,18 @@ def judge(case: str, spec: dict[str, Any], path: Path, truth: list[dict[str, Any
         out["truth_speedup"] = on / off
         out["truth_step_on_ms"], out["truth_step_off_ms"] = on / 1e6, off / 1e6
     return out
+
+
+def _without_script(path: Path, to: Path) -> None:
+    """Copy a recording, leaving out the events of the script's own collectives."""
+    with RecordingWriter(to) as writer:
+        for raw in read_recording(path):
+            frame = wire.decode(raw.payload)
+            if isinstance(frame, wire.IterationBatch):
+                kept = [e for e in frame.events if SCRIPT not in e.name]
+                raw = RawFrame(raw.received_ns, wire.encode(wire.IterationBatch(frame.seq, frame.rank, frame.iteration,
+                                                                                kept, frame.dropped)))
+            writer.append(raw)
 
 
 def _excess(per_rank: list[list[int]], slow: int) -> float | None:
@@ -272,6 +291,9 @@ def summary(out: Path) -> None:
         for case in sorted({r["case"] for r in balanced}):
             mine = [r for r in balanced if r["case"] == case]
             other = statistics.median(r["shares"]["other"] for r in mine)
+            if all("shares_untimed_script" in r for r in mine):
+                blind = statistics.median(r["shares_untimed_script"]["other"] for r in mine)
+                print(f"  {case:<11} 'other' with its collectives untimed (as before #25): median {blind * 100:.1f} %")
             said = sorted({f"{r['bottleneck']}{' ≈ ' + r['tied_with'] if r['tied_with'] else ''}" for r in mine})
             print(f"  {case:<11} {len(mine):>3} runs, median {statistics.median(r['iteration_ms'] for r in mine):.0f} "
                   f"ms/it, false names {sum(bool(r['named'] or r['report_straggler']) for r in mine)}, 'other' share "
