@@ -15,6 +15,7 @@ import torch
 from ranks import complete, hellos, report, run_job
 
 from instrument import wire
+from instrument.events import SCRIPT
 from instrument.tracer import NullTracer, Tracer
 
 pytestmark = pytest.mark.slow
@@ -81,11 +82,15 @@ def test_a_trainer_job_is_timed_on_every_rank_and_trains_the_same(
             _check_iteration(batch, where)
             # DDP all-reduces every gradient once per step, in its buckets (after the last micro-batch only);
             # one bucket in iteration 0, several once DDP has rebuilt them at the job's small bucket size.
-            buckets = [e for e in batch.events if e.phase == "allreduce"]
+            buckets = [e for e in batch.events if e.phase == "allreduce" and SCRIPT not in e.name]
             assert len(buckets) >= (2 if it else 1) and all(e.lane == "comm" for e in buckets), where
             assert sum(e.bytes for e in buckets) == 4 * hello[rank].params, where
-            # The Trainer gathers the step's token count from every rank: a collective on the training thread.
+            # The Trainer gathers the step's token count from every rank: a collective on the training thread, timed
+            # as its task and, inside it, as the collective accelerate calls (matched across ranks).
             assert _names(batch, "custom") == {"trainer.num_items_in_batch": 1}, where
+            [count] = [e for e in batch.events if e.name == "trainer.num_items_in_batch"]
+            gathers = [e for e in batch.events if SCRIPT in e.name]
+            assert gathers and all(count.start_ns <= e.start_ns <= e.end_ns <= count.end_ns for e in gathers), where
 
     summary = report(frames, tmp_path, capsys)
     assert summary["ranks"] == 2 and summary["communication_seen"] is True

@@ -101,6 +101,19 @@ def test_a_rank_heard_outside_any_collective_holds_the_job() -> None:
     assert live.stalls[0].resumed and live.settle(50, 40_100.0)
 
 
+def test_a_stall_that_resumes_and_ends_between_two_looks_is_resumed() -> None:
+    """The ranks come back, do an iteration and say bye within one look (0.5 s): the stall went on, not killed."""
+    live = Liveness()
+    _run(live, until_s=10.0, stop_rank_1_at_s=3.0)
+    live.assess(10 * S)
+    for rank in (0, 1):
+        live.take(_iter(rank, 100, 5000), 10 * S + 100)
+        live.take(wire.Bye(5001, rank, 101, 0), 10 * S + 200)
+    live.assess(10 * S + S // 4)
+    [stall] = live.stalls
+    assert stall.resumed
+
+
 def test_a_rank_silent_before_its_first_heartbeat_is_placed_after_its_last_task() -> None:
     live = Liveness()
     live.take(_hello(0, 100), 0)

@@ -103,9 +103,12 @@ def test_a_straggler_is_named_only_on_evidence_with_its_median_excess_over_every
 
 
 def test_a_regular_but_small_excess_is_not_named() -> None:
-    """Above the other rank in every iteration, but by 2 % of the iteration: not worth anyone's night."""
+    """Above the other rank in every iteration, but by 2 %, or 7 %, of the iteration: not worth anyone's night (a
+    balanced job's rank was seen 5 % above the other for a minute on a loaded 2-core machine). At 12 %: named."""
     shares = [{"compute": 0.9, "other": 0.1}] * 40
     assert all(v.straggler is None for v in steady(iterations(shares, [2.0] * 40)))
+    assert all(v.straggler is None for v in steady(iterations(shares, [7.0 + (i % 3) for i in range(40)])))
+    assert steady(iterations(shares, [12.0 + (i % 3) for i in range(40)]))[-1].straggler is not None
 
 
 def test_a_named_straggler_is_kept_only_while_the_evidence_holds() -> None:

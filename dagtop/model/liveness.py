@@ -231,6 +231,8 @@ class Liveness:
         self._stalls: dict[int, Stall] = {}
         self._open: int | None = None
         """Key of the stall under way, while it lasts."""
+        self._open_at = -1
+        """The last iteration done on every rank when it began."""
         self._restarts: dict[int, Restart] = {}
         self._numbered = 0
         self.view = LivenessView()
@@ -302,8 +304,11 @@ class Liveness:
             holders, waiting = self._holders(now_ns, live, silent)
             self._record(live, holders, waiting, quiet_ns / 1e9)
         elif self._open is not None and (progressed or not live):
+            # Gone on: an iteration completed on every rank since it began (the ranks that said bye since, by the
+            # last they sent: a job that resumed and ended within one look is resumed too).
+            resumed = progressed or min((r.done for r in ranks.values()), default=-1) > self._open_at
             if self._open in self._stalls:
-                self._stalls[self._open] = _replace(self._stalls[self._open], resumed=progressed)
+                self._stalls[self._open] = _replace(self._stalls[self._open], resumed=resumed)
             self._open = None
         self.view = LivenessView(
             stalled_s=quiet_ns / 1e9 if stalled else 0.0,
@@ -380,7 +385,7 @@ class Liveness:
         """Open the stall under way, or bring it up to date."""
         iteration = max((r.iteration for r in live.values()), default=0)
         if self._open is None or self._open not in self._stalls:
-            self._open = self._number(self._stalls, STALLS_KEPT)
+            self._open, self._open_at = self._number(self._stalls, STALLS_KEPT), self._progress_it
             self._stalls[self._open] = Stall(iteration, tuple(holders), waiting, round(stalled_s, 1), resumed=False)
             return
         old = self._stalls[self._open]

@@ -18,9 +18,9 @@ iterations a rank is named, in a category, when:
    CPU for a few seconds is above the others for a run of iterations), which would fool the test more often than
    its p-value says: n and k are first shrunk to their effective size, n (1 − ρ) / (1 + ρ), with ρ the lag-1
    autocorrelation of the signs it counts (pooled over the ranks and the recent iterations, :func:`_serial`);
-2. **the effect is large enough to act on, with confidence**: the lower end of the 95 % interval of its median
-   excess is at least :func:`min_effect` (5 % of the window's median iteration, and at least 1 ms): a rank whose
-   excess stays small is not named however regular it is.
+2. **the effect is large enough to act on, with confidence**: its median excess is at least 10 % of the window's
+   median iteration (:data:`NAME_EFFECT` times :func:`min_effect`), and the lower end of its 95 % interval at least
+   5 % (and 1 ms): a rank whose excess stays small is not named however regular it is.
 
 A named rank is **kept** while it still passes a weaker test (p ≤ :data:`KEEP_ALPHA` and a median excess of at
 least the minimum effect), so that the name does not flicker at the threshold; but keeping it needs evidence too:
@@ -48,9 +48,14 @@ NAME_ALPHA: Final = 2e-4
 KEEP_ALPHA: Final = 0.05
 """A named rank is kept while its corrected p-value stays at or below this."""
 MIN_EFFECT_SHARE: Final = 0.05
-"""An excess smaller than this fraction of the iteration is not worth naming..."""
+"""An excess not known with 95 % confidence to be at least this fraction of the iteration is not worth naming (nor
+keeping, its median below it)..."""
 MIN_EFFECT_MS: Final = 1.0
-"""...nor one below this many ms."""
+"""...nor one below this many ms..."""
+NAME_EFFECT: Final = 2.0
+"""...and a name needs a median excess of this many times that floor (10 % of the iteration): on a 2-core machine
+under load, a balanced job's rank was seen above the other by 5 % of the iteration, consistently, for a minute
+(the scheduler's unfairness, not the job's); such a rank, named, would send someone to drain a node for nothing."""
 CONFIDENCE: Final = 0.95
 """Coverage of the excess's interval."""
 WORK: Final = ("io", "pcie", "compute")
@@ -207,7 +212,8 @@ def decide(window: Sequence[IterationAnalysis], previous: SteadyStraggler | None
         return None
     floor = min_effect(window)
     found = evidence(window, history)
-    named = next((e for e in found if e.p_value <= NAME_ALPHA and e.excess_range_ms[0] >= floor), None)
+    named = next((e for e in found if e.p_value <= NAME_ALPHA and e.excess_range_ms[0] >= floor
+                  and e.excess_ms >= NAME_EFFECT * floor), None)
     if named is None and previous is not None:
         named = next((e for e in found if e.rank == previous.rank and e.p_value <= KEEP_ALPHA
                       and e.excess_ms >= floor), None)
