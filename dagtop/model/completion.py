@@ -177,8 +177,12 @@ class Completion:
 
     def _suspect(self, it: int) -> tuple[int, str] | None:
         """(rank, category) of the straggler the steady verdict named as of the iteration before ``it``."""
-        at = bisect.bisect_left([a.iteration for a in self.analyses], it)
-        steady = self.analyses[at - 1].steady if at > 0 else None
+        analyses = self.analyses
+        if analyses and analyses[-1].iteration < it:  # the usual case: the newest iteration
+            at = len(analyses)
+        else:
+            at = bisect.bisect_left(analyses, it, key=lambda a: a.iteration)
+        steady = analyses[at - 1].steady if at > 0 else None
         if steady is None or steady.straggler is None:
             return None
         return steady.straggler.rank, steady.straggler.category

@@ -96,13 +96,3 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
         return (math.nan, math.nan)
     lo = _rank(n, confidence)
     return xs[lo - 1], xs[n - lo]
-
-
-def median(values: Sequence[float]) -> float:
-    """The median (mean of the middle two for an even count); NaN for none."""
-    xs = sorted(values)
-    n = len(xs)
-    if n == 0:
-        return math.nan
-    mid = n // 2
-    return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2

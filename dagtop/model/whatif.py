@@ -130,7 +130,7 @@ class Scenario:
     rank: int | None = None
     """``straggler at median``: the rank it brings to the median."""
     unpredictable: str = ""
-    """Why the change cannot be predicted on this job (then it is not replayed); empty when it can."""
+    """Why the change cannot be predicted on this job (its replay, if any, is not shown); empty when it can."""
 
 
 def scenarios(
