@@ -62,7 +62,8 @@ def test_a_balanced_jobs_headline_names_no_straggler_and_never_flips(endpoint: s
         run = job.wait(START_S)
     assert run.ok, run.log[-2000:]
     verdicts = [(h, _said(h)) for h in seen]
-    assert sum(v is not None for _, v in verdicts) >= 0.9 * len(seen), seen[-3:]  # the screen said something
+    silent = [h for h, v in verdicts if v is None]
+    assert len(silent) <= 0.1 * len(seen), silent[:3]  # the screen said something
     assert not [h for h in seen if "straggler rank" in h], [h for h in seen if "straggler rank" in h][:3]
     alone = [v[0] if not v[1] else None for _, v in verdicts if v is not None]
     flips = [(a, b) for a, b in zip(alone, alone[1:]) if a is not None and b is not None and a != b]
