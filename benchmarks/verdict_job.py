@@ -12,8 +12,9 @@ Modes:
   way to slow one rank on this machine (FIELD_NOTES: a hog from another shell is spread over both cores);
 - ``comm``: a 10 M-parameter MLP at batch 2: 40 MB of gradients per step, communication-heavy, balanced.
 
-Phases. First ``--iterations`` steps with dagtop attached (what the benchmark judges). Then dagtop is closed and
-the job measures the truth with its own clock (``perf_counter``), never dagtop's:
+Phases. First ``--iterations`` steps with dagtop attached (what the benchmark judges), in which the job also times
+each step's loader wait and busy time (below) with its own clock (``perf_counter``): the truth of the very steps
+dagtop saw. Then dagtop is closed and the job measures the truth with its own clock, never dagtop's:
 
 - **excess**: each rank's busy time per step by its own clock (loader, forward, backward up to its last gradient,
   optimizer step: not the wait for the others' all-reduce that follows the last gradient), in the synchronous
@@ -152,15 +153,29 @@ def _no_comm(state, bucket):  # type: ignore[no-untyped-def] # DDP checks the an
 
 def run(args: argparse.Namespace, rank: int, model: Any, optimizer: Any, loss_fn: Any, loader: Loader,
         hog: Hog | None) -> dict[str, Any]:
+    clock = time.perf_counter_ns
+    grads: list[int] = []
+    first = model.module[0]  # the first layer's gradients are the backward's last: then the wait for the others
+    hooks = [p.register_post_accumulate_grad_hook(lambda _: grads.append(clock())) for p in first.parameters()]
     tracer = instrument.attach(model, optimizer)
     batches = iter(tracer.loader(loader))
     losses: list[float] = []
+    seen_io: list[int] = []
+    seen_busy: list[int] = []
     for _ in range(args.iterations):
+        # The job's own clock in the very steps dagtop times: its loader wait and its busy time, as step() below.
+        start = clock()
         x, y = next(batches)
+        loaded = clock()
         loss = loss_fn(model(x), y)
         optimizer.zero_grad()
+        grads.clear()
         loss.backward()
+        backward = clock()
         optimizer.step()
+        end = clock()
+        seen_io.append(loaded - start)
+        seen_busy.append((loaded - start) + (max(grads, default=backward) - loaded) + (end - backward))
         if args.script:
             logged = loss.detach().clone()
             dist.all_reduce(logged)
@@ -170,10 +185,6 @@ def run(args: argparse.Namespace, rank: int, model: Any, optimizer: Any, loss_fn
     if args.losses and rank == 0:
         Path(args.losses).write_text("\n".join(repr(x) for x in losses))
     plain = iter(loader)
-    clock = time.perf_counter_ns
-    grads: list[int] = []
-    first = model.module[0]  # the first layer's gradients are the backward's last: then the wait for the others
-    hooks = [p.register_post_accumulate_grad_hook(lambda _: grads.append(clock())) for p in first.parameters()]
 
     def step(sync: bool) -> int:
         """One step; its busy ns by the job's own clock: loader, forward, backward up to the last gradient (not the
@@ -219,7 +230,7 @@ def run(args: argparse.Namespace, rank: int, model: Any, optimizer: Any, loss_fn
     if hog is not None:
         hog.go()
     return {"rank": rank, "busy_nosync_ns": nosync, "busy_on_ns": busy_on, "step_on_ns": on, "step_off_ns": off,
-            "losses": losses}
+            "losses": losses, "seen_io_ns": seen_io, "seen_busy_ns": seen_busy}
 
 
 if __name__ == "__main__":
