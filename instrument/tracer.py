@@ -12,8 +12,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
-from typing import Any, Final
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Final, NamedTuple
 
 from instrument import wire
 from instrument.wire import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT  # noqa: PLC0414 - re-exported: it lived here
@@ -154,6 +154,9 @@ class Tracer:
         self.granularity = granularity
         self.sample_every = sample_every
         self.iteration = 0
+        self.started_ns = time.time_ns()
+        """When this process attached: with its pid, which process of the rank this is."""
+        self._job = job_identity()
         from instrument.timing import Switch
 
         self._switch = Switch()
@@ -605,8 +608,47 @@ class Tracer:
             host=socket.gethostname()[: wire.MAX_NAME_CHARS], pid=os.getpid(), device=str(self.device),
             torch=torch.__version__, model=self._model_name[: wire.MAX_NAME_CHARS], params=self._params,
             granularity=self.granularity, wall_ns=time.time_ns(), mono_ns=time.perf_counter_ns(),
-            units=self._units_said[: wire.MAX_NAME_CHARS],
+            units=self._units_said[: wire.MAX_NAME_CHARS], job=self._job.run_id, master=self._job.master,
+            restart=self._job.restart, started_ns=self.started_ns,
         )
+
+
+class JobIdentity(NamedTuple):
+    """Which job a rank belongs to, and which incarnation of it, as the hello says (``job``, ``master``,
+    ``restart``)."""
+
+    run_id: str
+    master: str
+    restart: int
+
+
+def job_identity(environ: Mapping[str, str] = os.environ) -> JobIdentity:
+    """The job's identity: torchrun's run id and restart count, and where the ranks meet (``MASTER_ADDR`` and
+    ``MASTER_PORT``, or the default process group's TCP store when the job was initialised without them)."""
+    limit = wire.MAX_JOB_CHARS
+    try:
+        restart = min(max(int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0), wire.MAX_RANKS)
+    except ValueError:
+        restart = 0
+    address, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
+    master = f"{address}:{port}" if address and port else _store_address()
+    return JobIdentity(environ.get("TORCHELASTIC_RUN_ID", "")[:limit], master[:limit], restart)
+
+
+def _store_address() -> str:
+    """``host:port`` of the default process group's TCP store; empty where there is none."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return ""
+        store = distributed_c10d._get_default_store()
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
+        return f"{store.host}:{store.port}" if isinstance(store, dist.TCPStore) else ""
+    except Exception:  # noqa: BLE001 - a private corner of torch.distributed: without it, no address
+        return ""
 
 
 def _optimizers(optimizer: Any) -> list[Any]:
