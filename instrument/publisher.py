@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 import zmq
-import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from instrument import wire
+from instrument.keys import KeyFileError, exposed, read_key_file
 from instrument.spans import fill_spans
 
 QUEUE_FRAMES: Final = 1024
@@ -69,20 +69,34 @@ def curve_keys(directory: str) -> tuple[bytes, bytes, bytes]:
     """(public, secret, server public) from a ``dagtop keygen`` directory.
 
     Raises:
-        RuntimeError: no CURVE in this libzmq, or a key missing or unreadable; the message says which.
+        RuntimeError: no CURVE in this libzmq, or a key missing, unreadable or damaged; one line that names the
+            file and says what is wrong.
     """
     if not zmq.has("curve"):
         raise RuntimeError(f"{AUTH_ENV}={directory}: this libzmq was built without CURVE")
     where = Path(directory)
     try:
-        public, secret = zmq.auth.load_certificate(where / "rank.key_secret")
-        server, _ = zmq.auth.load_certificate(where / "monitor.key")
-    except (OSError, ValueError) as exc:
-        raise RuntimeError(f"{AUTH_ENV}={directory}: cannot read the rank's keys ({exc}); make them with "
-                           "`dagtop keygen DIR`") from None
-    if not secret:
-        raise RuntimeError(f"{AUTH_ENV}={directory}: rank.key_secret holds no secret key")
+        public, secret = read_key_file(where / "rank.key_secret", secret=True)
+        server, _ = read_key_file(where / "monitor.key", secret=False)
+    except KeyFileError as exc:
+        raise RuntimeError(f"{AUTH_ENV}={directory}: {exc}; make the keys with `dagtop keygen DIR`") from None
+    assert secret is not None
     return public, secret, server
+
+
+def check_auth() -> str | None:
+    """Before a rank starts publishing: why its ``DAGTOP_AUTH`` keys cannot be used (one line), or None (also
+    without ``DAGTOP_AUTH``). A secret key other users may read is warned about, once."""
+    directory = os.environ.get(AUTH_ENV, "")
+    if not directory:
+        return None
+    try:
+        curve_keys(directory)
+    except RuntimeError as exc:
+        return str(exc)
+    if (said := exposed(Path(directory) / "rank.key_secret")) is not None:
+        warnings.warn(f"dagtop: {said}", RuntimeWarning, stacklevel=3)
+    return None
 
 
 BACKGROUND_NICE: int | None = 19

@@ -643,10 +643,11 @@ def _store_address() -> str:
 
         if not (dist.is_available() and dist.is_initialized()):
             return ""
-        store = distributed_c10d._get_default_store()
-        while isinstance(store, dist.PrefixStore):
-            store = store.underlying_store
-        return f"{store.host}:{store.port}" if isinstance(store, dist.TCPStore) else ""
+        store: Any = distributed_c10d._get_default_store()
+        while (inner := getattr(store, "underlying_store", None)) is not None:  # a PrefixStore around it
+            store = inner
+        host, port = getattr(store, "host", ""), getattr(store, "port", 0)  # a TCPStore's
+        return f"{host}:{port}" if host and port else ""
     except Exception:  # noqa: BLE001 - a private corner of torch.distributed: without it, no address
         return ""
 

@@ -6,7 +6,7 @@ import statistics
 import threading
 from collections.abc import Iterable
 
-from dagtop.model.admission import Admission, RankState
+from dagtop.model.admission import Admission, RankState, describe_job
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.completion import Completion
 from dagtop.model.liveness import Liveness
@@ -16,6 +16,10 @@ from instrument import wire
 
 TASK_BUDGET = 2_000_000
 """Tasks kept across the retained analyses; past it the oldest analyses give up their ``tasks`` (memory)."""
+RUN_SHOWN_S = 60.0
+"""The screen says a run began (a restart) for this long."""
+OTHER_JOB_SHOWN_S = 10.0
+"""The screen says a second job publishes here for this long after its last frame."""
 
 
 class Pipeline:
@@ -35,6 +39,8 @@ class Pipeline:
         self.liveness = Liveness()
         """Silent, gone and restarted ranks, and stalls."""
         self._finished = False
+        self._now_ns = 0
+        """The monitor's clock as of the latest feed or expiry."""
         self._snapshot: Snapshot | None = None
         self._telemetry_shown: tuple[wire.Telemetry, ...] = ()
 
@@ -45,7 +51,8 @@ class Pipeline:
         with self._lock:
             for raw in frames:
                 for admitted, frame in self._admission.admit(raw):
-                    self.liveness.take(frame, admitted.received_ns)
+                    if self._admission.current(frame):  # a late frame of an earlier run says nothing of now
+                        self.liveness.take(frame, admitted.received_ns)
                     if isinstance(frame, wire.Hello):
                         self._clocks.hello(frame)
                     elif isinstance(frame, wire.IterationBatch):
@@ -59,6 +66,7 @@ class Pipeline:
         with self._lock:
             self._completion.settle(now_ns)
             self.liveness.tick(now_ns, check_pids=True)  # live: the pids of ranks on this host are current
+            self._now_ns = max(self._now_ns, now_ns)
             self._snapshot = None
 
     def finish(self) -> None:
@@ -135,7 +143,24 @@ class Pipeline:
             notes=tuple(notes),
             telemetry=self._latest_telemetry(),
             liveness=self.liveness.view,
+            losses=admission.losses,
+            runs=admission.run_infos(),
+            job_line=self._job_line(),
         )
+
+    def _job_line(self) -> str:
+        """A restart within :data:`RUN_SHOWN_S`, and a second job heard within :data:`OTHER_JOB_SHOWN_S`."""
+        admission = self._admission
+        now = max(self._now_ns, admission.received_ns)
+        parts = []
+        run = admission.run
+        if run is not None and run.number and now - run.opened_ns <= RUN_SHOWN_S * 1e9:
+            parts.append(admission.run_infos()[-1].line())
+        other = admission.other_job(now, OTHER_JOB_SHOWN_S)
+        if other is not None:
+            parts.append(f"a second job is publishing here ({describe_job(other.key)}): {other.frames} frames "
+                         "refused")
+        return " · ".join(parts)
 
     def _latest_telemetry(self) -> tuple[wire.Telemetry, ...]:
         """Every rank's latest telemetry by host then rank; the same tuple until one changes (the panel redraws

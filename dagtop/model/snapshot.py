@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from dagtop.model.admission import Losses, RunInfo
 from dagtop.model.change import Change
 from dagtop.model.liveness import LivenessView
 from dagtop.model.tasks import Tasks
@@ -282,7 +283,7 @@ class Snapshot:
     ranks_expected: int
     iterations_per_s: float
     dropped: int
-    """Events or frames lost: reported in band by the ranks plus gaps in their sequence numbers."""
+    """Frames lost after the monitor first heard their rank, at the rank or on the way (:attr:`losses`)."""
     rejected: int
     """Frames the monitor refused (malformed, wrong wire version, unknown rank)."""
     last_rejection: str | None
@@ -299,6 +300,12 @@ class Snapshot:
     when the ranks send none: a shim older than the telemetry frame)."""
     liveness: LivenessView = field(default=LivenessView())
     """Silent, gone and restarted ranks, and where the others wait while an iteration is stalled."""
+    losses: Losses = field(default=Losses())
+    """What never arrived, by reason."""
+    runs: tuple[RunInfo, ...] = field(default=())
+    """The followed job's runs (a restart begins a new one), oldest first."""
+    job_line: str = ""
+    """What the screen says of the job itself for a while: a restart just now, a second job publishing here."""
 
     @property
     def latest(self) -> IterationAnalysis | None:
