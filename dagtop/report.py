@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from dagtop.exits import Exit
 from dagtop.model.liveness import ranks_text, where
 from dagtop.model.pipeline import Pipeline
-from dagtop.model.snapshot import WARM_UP, IterationAnalysis
+from dagtop.model.snapshot import IterationAnalysis
 from dagtop.model.summary import collectives, summarize
 from dagtop.recording import RecordingError, RecordingReader, read_notes
 
@@ -28,7 +28,7 @@ def _gbps(x: float | None) -> str:
 def select(analyses: Sequence[IterationAnalysis], iterations: tuple[int | None, int | None] | None) -> list[IterationAnalysis]:
     """Analyses in ``[A, B)``; without a range, everything past warm-up (all, if that leaves none)."""
     if iterations is None:
-        chosen = [a for a in analyses if a.iteration >= WARM_UP]
+        chosen = [a for a in analyses if not a.in_warm_up]
         return chosen or list(analyses)
     lo, hi = iterations
     return [a for a in analyses if (lo is None or a.iteration >= lo) and (hi is None or a.iteration < hi)]

@@ -90,12 +90,12 @@ def attach(
                       "not timed: pass every model and optimizer to one attach(), as lists", RuntimeWarning,
                       stacklevel=2)
         return NullTracer()
-    from instrument.publisher import check_auth
-
-    if (unusable := check_auth()) is not None:
-        warnings.warn(f"dagtop: {unusable}; training continues untimed", RuntimeWarning, stacklevel=2)
-        return NullTracer()
     try:
+        from instrument.publisher import check_auth
+
+        if (unusable := check_auth()) is not None:
+            warnings.warn(f"dagtop: {unusable}; training continues untimed", RuntimeWarning, stacklevel=2)
+            return NullTracer()
         rank, world, local_rank = _topology()
         return Tracer(
             model,

@@ -320,8 +320,9 @@ class Admission:
             transit += max(0, s.gaps - refused)
             if s.first_iteration is not None and s.last_iteration is not None and s.run is not None:
                 before += s.first_iteration
-                span = s.last_iteration - (s.run.base + s.first_iteration) + 1  # its iterations from the first
-                iterations += max(0, span - s.iteration_frames)
+                # Its iterations from the first that came to the last it ran (its bye says how many), or sent.
+                last = s.run.base + s.bye.iterations - 1 if s.bye is not None else s.last_iteration
+                iterations += max(0, last - (s.run.base + s.first_iteration) + 1 - s.iteration_frames)
         return Losses(queue, socket, transit, before, iterations)
 
     @property

@@ -197,16 +197,18 @@ class Completion:
         offsets = self._clocks.offsets(ranks)
         run = self._admission.run_of(it)
         states = run.ranks if run is not None else {}
+        warm_up = it - (run.base if run is not None else 0) < WARM_UP
         previous = {r: end + offsets[r] for r in ranks
                     if (s := states.get(r)) is not None and (end := s.update_end.get(it - 1)) is not None}
         try:
             analysis = analyse(it, events, offsets, previous, complete, self._comm.model(),
-                               interference=self._interference, learn=it >= WARM_UP,
+                               interference=self._interference, learn=not warm_up,
                                bandwidth_gbps=self.bandwidth_gbps)
         except Exception as exc:  # noqa: BLE001 - a model bug must not take the monitor down
             self._admission.reject(f"iteration {it} could not be analysed: {type(exc).__name__}: {exc}")
             return None
-        if it >= WARM_UP:  # warm-up buckets are not the job's: keep them out of the fit
+        analysis = dataclasses.replace(analysis, warm_up=warm_up)
+        if not warm_up:  # warm-up buckets are not the job's: keep them out of the fit
             for count, nbytes, seconds in transfers(analysis.collectives):
                 self._comm.add(len(analysis.ranks), nbytes, seconds, count)
         return analysis

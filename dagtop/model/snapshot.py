@@ -249,6 +249,14 @@ class IterationAnalysis:
     network: AlphaBeta | None = None
     """The α-β fit the scaling what-ifs used (None with one rank, or before any collective was timed)."""
     """The compute slow-down under collectives fitted up to this iteration, per lane, that its what-ifs used."""
+    warm_up: bool | None = None
+    """Whether it is one of its run's first :data:`WARM_UP` iterations (a restarted job warms up again); None: by
+    its number alone (hand-built analyses)."""
+
+    @property
+    def in_warm_up(self) -> bool:
+        """One of the first :data:`WARM_UP` iterations of its run: not the job's steady state."""
+        return self.iteration < WARM_UP if self.warm_up is None else self.warm_up
 
     def __post_init__(self) -> None:
         if not isinstance(self.tasks, Tasks):  # hand-built (tests): group them here, once

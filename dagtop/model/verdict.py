@@ -20,7 +20,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 
-from dagtop.model.snapshot import WARM_UP, IterationAnalysis, SteadyStraggler, SteadyVerdict
+from dagtop.model.snapshot import IterationAnalysis, SteadyStraggler, SteadyVerdict
 
 WINDOW = 20
 """Iterations the steady verdict looks back over."""
@@ -36,7 +36,7 @@ KEEP_SHARE = 0.4
 
 def counts(a: IterationAnalysis) -> bool:
     """Whether an iteration counts towards the verdict: complete, not empty, past warm-up."""
-    return a.complete and a.measured_ms > 0 and a.iteration >= WARM_UP
+    return a.complete and a.measured_ms > 0 and not a.in_warm_up
 
 
 def fold(analyses: Sequence[IterationAnalysis], start: int) -> list[IterationAnalysis]:
