@@ -1,5 +1,5 @@
 """An elastic restart under real torchrun (``--max-restarts 1``), rank 1 killed with ``kill -9`` mid-run: every
-iteration of both incarnations is in the recording, ``record`` counts each complete iteration once, ``report
+iteration of every incarnation is in the recording, ``record`` counts each complete iteration once, ``report
 --json`` lists the restart as a second run numbered on from the first, and the screen says it."""
 
 from __future__ import annotations
@@ -53,68 +53,89 @@ def test_an_elastic_restart_keeps_both_runs_and_says_so(tmp_path: Path, endpoint
                                  str(recording), "--timeout", str(4 * WAIT_S)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                            "--max-restarts", "1", "--master-port", str(free_port()), "--monitor-interval", "0.5",
+                            "--max-restarts", "3", "--master-port", str(free_port()), "--monitor-interval", "0.5",
                             str(JOBS / "paced.py"), "--steps", str(STEPS), "--step-ms", "40"],
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait(lambda: _lines(out / "steps-0-1") >= KILLED_AFTER, "the first incarnation's steps")
         os.kill(int((out / "pid-0-1").read_text()), signal.SIGKILL)
-        assert job.wait(8 * WAIT_S) == 0, "torchrun did not finish the job after one restart"
-        _, err = recorder.communicate(timeout=4 * WAIT_S)  # it stops when every rank of the new run said bye
+        assert job.wait(8 * WAIT_S) == 0, "torchrun did not finish the job after restarting it"
+        _, err = recorder.communicate(timeout=4 * WAIT_S)  # it stops when every rank of the last run said bye
     finally:
         for proc in (job, recorder):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL) if proc is job else proc.kill()
                 proc.wait()
     assert recorder.returncode == 0, err
-    ran = {(restart, rank): _lines(out / f"steps-{restart}-{rank}") for restart in (0, 1) for rank in (0, 1)}
-    assert ran[(1, 0)] == ran[(1, 1)] == STEPS and KILLED_AFTER <= ran[(0, 1)] < STEPS, ran
+    # The incarnations that trained (gloo's rendezvous of a restarted incarnation fails now and then on a loaded
+    # machine: torchrun then starts another, which is what --max-restarts is for).
+    incarnations = sorted({int(p.name.split("-")[1]) for p in out.glob("pid-*")})
+    last = incarnations[-1]
+    assert incarnations[0] == 0 and last >= 1
+    ran = {(k, rank): _lines(out / f"steps-{k}-{rank}") for k in incarnations for rank in (0, 1)}
+    assert ran[(last, 0)] == ran[(last, 1)] == STEPS and KILLED_AFTER <= ran[(0, 1)] < STEPS, ran
 
-    # Every iteration each process finished is in the recording, under its own process.
+    # Every iteration each process finished is in the recording, under its own process; but for the one killed: what
+    # its publisher had not sent yet went with it (a few on a busy machine, whose shim threads run niced), and is
+    # counted below.
     frames = [wire.decode(raw.payload) for raw in read_recording(recording)]
-    pids = {(restart, rank): int((out / f"pid-{restart}-{rank}").read_text()) for restart in (0, 1) for rank in (0, 1)}
+    pids = {(k, rank): int((out / f"pid-{k}-{rank}").read_text()) for k in incarnations for rank in (0, 1)}
     hellos = {f.sender: f for f in frames if isinstance(f, wire.Hello)}
-    recorded: dict[tuple[int, int], set[int]] = {}  # (restart, rank) -> its iterations in the recording
+    assert {(h.restart, h.rank): h.pid for h in hellos.values()} == pids
+    recorded: dict[tuple[int, int], set[int]] = {key: set() for key in pids}  # its iterations in the recording
     for f in frames:
         if isinstance(f, wire.IterationBatch):
-            recorded.setdefault((hellos[f.sender].restart, f.rank), set()).add(f.iteration)
-    assert {key: hellos_pid for key, hellos_pid in ((key, pids[key]) for key in pids)} == {
-        (h.restart, h.rank): h.pid for h in hellos.values()}
+            recorded[(hellos[f.sender].restart, f.rank)].add(f.iteration)
     for key, steps in ran.items():
-        assert set(range(steps)) <= recorded[key], key
+        if key == (0, 1):
+            assert recorded[key] == set(range(len(recorded[key]))) and recorded[key], key
+        else:
+            assert set(range(steps)) <= recorded[key], key
 
-    # Each complete iteration counted once: those both ranks of a run published (a rank killed between its step
-    # and the line it writes after may have published one more than it said).
-    both = [recorded[(restart, 0)] & recorded[(restart, 1)] for restart in (0, 1)]
-    assert len(both[0]) >= min(ran[(0, 0)], ran[(0, 1)]) and len(both[1]) == STEPS
+    # Each complete iteration counted once: those both ranks of an incarnation published (a rank killed between
+    # its step and the line it writes after may have published one more than it said).
+    both = {k: recorded[(k, 0)] & recorded[(k, 1)] for k in incarnations}
+    assert len(both[0]) >= min(ran[(0, 0)], ran[(0, 1)]) and len(both[last]) == STEPS
     summary = err.strip().splitlines()[-1]
-    assert f" {len(both[0]) + STEPS} complete iterations" in summary and "2 runs (restarted)" in summary, summary
+    complete = sum(len(b) for b in both.values())
+    assert f" {complete} complete iterations" in summary and f"{len(incarnations)} runs (restarted)" in summary, \
+        summary
 
     report = subprocess.run([sys.executable, "-m", "dagtop.cli", "report", "--json", str(recording)],
                             capture_output=True, text=True, timeout=4 * WAIT_S)
     assert report.returncode == 0, report.stderr
     s = json.loads(report.stdout)
-    first, second = s["runs"]
-    assert (first["restart"], second["restart"]) == (0, 1) and second["pids"] == [pids[(1, 0)], pids[(1, 1)]]
-    assert second["after_iteration"] == max(recorded[(0, 0)] | recorded[(0, 1)])
-    assert second["first_iteration"] == second["after_iteration"] + 1
-    assert second["last_iteration"] == second["first_iteration"] + STEPS - 1
-    assert second["said"].startswith("restart 1 at ") and second["said"].endswith(
-        f", after iteration {second['after_iteration']}")
-    assert s["rejected"] == 0 and s["iterations"] == len(both[0]) + STEPS - 2  # each run warms up in its first
+    runs = s["runs"]
+    assert [r["restart"] for r in runs] == incarnations
+    for before, run in zip(runs, runs[1:]):  # numbered on, each run from the last iteration of the one before
+        k = run["restart"]
+        assert run["pids"] == [pids[(k, 0)], pids[(k, 1)]]
+        assert before["last_iteration"] == before["first_iteration"] + max(recorded[(before["restart"], 0)]
+                                                                           | recorded[(before["restart"], 1)])
+        assert run["after_iteration"] == before["last_iteration"] and run["first_iteration"] == before[
+            "last_iteration"] + 1
+        assert run["said"].startswith(f"restart {k} at ") and run["said"].endswith(
+            f", after iteration {run['after_iteration']}")
+    assert runs[-1]["last_iteration"] == runs[-1]["first_iteration"] + STEPS - 1
+    assert s["rejected"] == 0 and s["iterations"] == complete - len(incarnations)  # each run warms up in its first
+    # What never came is counted: the iterations a run went through whose frame from a rank is not there.
+    missing = sum(max(recorded[(k, 0)] | recorded[(k, 1)]) + 1 - len(recorded[(k, rank)])
+                  for k in incarnations for rank in (0, 1))
+    assert s["lost"]["iterations_missing"] == missing and s["lost"]["before_connect"] == 0, s["lost"]
 
     # The screen says it (replayed to its end, within a minute of the restart).
     app = make_app(RecordingSource(recording, speed=0), sampler=fake_telemetry, source_label="replay")
     said: list[str] = []
+    expected = runs[-1]["said"]
 
     async def main() -> None:
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_loaded(pilot, app)
             for _ in range(600):
                 said[:] = [str(app.query_one(Verdict).render().renderables[0])]  # type: ignore[attr-defined]
-                if "restart 1 at" in said[0]:
+                if expected in said[0]:
                     break
                 await pilot.pause(0.05)
 
     asyncio.run(main())
-    assert f"restart 1 at {second['said'].split(' at ')[1]}" in said[0], said
+    assert expected in said[0], said

@@ -128,7 +128,7 @@ def test_a_second_job_on_the_endpoint_is_refused_counted_and_said() -> None:
     snap = p.snapshot()
     assert _complete(p) == list(range(20)) and snap.ranks_expected == 2
     assert snap.rejected == 12 and p._admission.rejections == {"a frame of another job than the one followed": 12}
-    assert "a second job is publishing here (run id run-b, master 10.0.0.1:29500): 12 frames refused" in snap.job_line
+    assert "a second job is publishing here: 12 frames refused (run id run-b, master 10.0.0.1:29500)" in snap.job_line
 
 
 def test_the_next_job_is_followed_once_the_first_said_bye_or_fell_silent() -> None:

@@ -88,7 +88,7 @@ def describe_job(key: JobKey) -> str:
     """``run id 4f2a, master node1:29500`` (the parts known)."""
     run_id, master = key
     parts = ([f"run id {run_id}"] if run_id else []) + ([f"master {master}"] if master else [])
-    return ", ".join(parts) or "no identity (an older shim)"
+    return ", ".join(parts) or "an older shim's, which says none"
 
 
 @dataclass(slots=True)
@@ -171,7 +171,9 @@ class Losses:
     """Iteration frames sent before the monitor first heard their rank (its first iterations, when the connection
     was not up yet or the monitor started later)."""
     iterations: int = 0
-    """Iteration frames missing after the first one of their sender came (any reason above but before_connect)."""
+    """Iteration frames missing after the first one of their sender came (any reason above but before_connect),
+    and, in a run that has ended, those of iterations its other ranks ran whose frame from a rank never came (a
+    process killed with frames still queued)."""
 
     @property
     def dropped(self) -> int:
@@ -297,10 +299,9 @@ class Admission:
         s = self.senders.get(frame.sender or -1 - frame.rank)
         return s is not None and s.run is not None and s.run is self.runs[-1]
 
-    def other_job(self, now_ns: int, within_s: float) -> OtherJob | None:
-        """The other job heard from last, if within ``within_s`` of ``now_ns`` (monitor clock)."""
-        latest = max(self.other_jobs.values(), key=lambda j: j.last_ns, default=None)
-        return latest if latest is not None and now_ns - latest.last_ns <= within_s * 1e9 else None
+    def other_jobs_heard(self, now_ns: int, within_s: float) -> list[OtherJob]:
+        """The other jobs heard from within ``within_s`` of ``now_ns`` (monitor clock)."""
+        return [j for j in self.other_jobs.values() if now_ns - j.last_ns <= within_s * 1e9]
 
     def run_of(self, iteration: int) -> Run | None:
         """The run an iteration number (the job's) belongs to; None before any run."""
@@ -320,8 +321,10 @@ class Admission:
             transit += max(0, s.gaps - refused)
             if s.first_iteration is not None and s.last_iteration is not None and s.run is not None:
                 before += s.first_iteration
-                # Its iterations from the first that came to the last it ran (its bye says how many), or sent.
-                last = s.run.base + s.bye.iterations - 1 if s.bye is not None else s.last_iteration
+                # Its iterations from the first that came to the last it ran: its bye says how many; without one,
+                # in a run that ended, as far as the run went; else as far as it sent.
+                last = (s.run.base + s.bye.iterations - 1 if s.bye is not None else
+                        s.run.last_iteration or s.last_iteration if s.run.end is not None else s.last_iteration)
                 iterations += max(0, last - (s.run.base + s.first_iteration) + 1 - s.iteration_frames)
         return Losses(queue, socket, transit, before, iterations)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 from collections.abc import Iterable
@@ -128,6 +129,11 @@ class Pipeline:
             host = self._clocks.host.get(r)
             if host not in offsets:
                 offsets[host] = self._clocks.offset(r)
+        liveness = self.liveness.view
+        run = admission.run
+        if liveness.restarted and run is not None and run.number and \
+                max(self._now_ns, admission.received_ns) - run.opened_ns <= RUN_SHOWN_S * 1e9:
+            liveness = dataclasses.replace(liveness, restarted=())  # the run's line says it for all of them
         return Snapshot(
             iterations=tuple(analyses),
             ranks=tuple(self._rank_info(r, s, dead, offsets[self._clocks.host.get(r)])
@@ -142,7 +148,7 @@ class Pipeline:
             finished=self._finished,
             notes=tuple(notes),
             telemetry=self._latest_telemetry(),
-            liveness=self.liveness.view,
+            liveness=liveness,
             losses=admission.losses,
             runs=admission.run_infos(),
             job_line=self._job_line(),
@@ -156,9 +162,12 @@ class Pipeline:
         run = admission.run
         if run is not None and run.number and now - run.opened_ns <= RUN_SHOWN_S * 1e9:
             parts.append(admission.run_infos()[-1].line())
-        other = admission.other_job(now, OTHER_JOB_SHOWN_S)
-        if other is not None:
-            parts.append(f"a second job is publishing here ({describe_job(other.key)}): {other.frames} frames "
+        others = admission.other_jobs_heard(now, OTHER_JOB_SHOWN_S)
+        if len(others) == 1:
+            parts.append(f"a second job is publishing here: {others[0].frames} frames refused "
+                         f"({describe_job(others[0].key)})")
+        elif others:
+            parts.append(f"{len(others)} other jobs are publishing here: {sum(j.frames for j in others)} frames "
                          "refused")
         return " · ".join(parts)
 
