@@ -298,12 +298,13 @@ def _exit_status(result: RecordResult, args: argparse.Namespace, frames: int) ->
         print(f"dagtop record: {result.disk_error}", file=sys.stderr)
         return Exit.DISK
     if result.stopped_because == "timeout":
-        what = "nothing received" if result.frames == 0 else "nothing more received"
-        print(
-            f"dagtop record: {what} on {args.bind} for {args.timeout:g} s; is the job running with "
-            f"DAGTOP_ENDPOINT={args.bind}? ({frames} frames kept in {args.output})",
-            file=sys.stderr,
-        )
+        if result.frames == 0:
+            print(f"dagtop record: nothing received on {args.bind} for {args.timeout:g} s; is the job running with "
+                  f"DAGTOP_ENDPOINT={args.bind}? ({frames} frames kept in {args.output})", file=sys.stderr)
+        else:  # it was: it ended without its byes (frames a rank had not sent went with it), or the way is down
+            print(f"dagtop record: nothing more received on {args.bind} for {args.timeout:g} s: the ranks ended "
+                  f"without saying bye, or the way to them is down ({frames} frames kept in {args.output})",
+                  file=sys.stderr)
         return Exit.TIMEOUT
     if result.stopped_because == "interrupted":
         print(f"dagtop record: interrupted; {frames} frames kept in {args.output}", file=sys.stderr)
