@@ -116,7 +116,7 @@ class _Tally:
                     self.waiting.discard(oldest)
         if ranks_changed:  # a world size or a bye changes which ranks an iteration awaits
             self._count(sorted(self.waiting))
-            p.runs = len(admission.runs)
+            p.runs = len(admission.jobs.runs)
             p.lost = admission.losses
         if admission.rejected > rejected:
             p.rejected = admission.rejected
@@ -199,7 +199,7 @@ def record(
         state.stopped_because = "interrupted"
     except _WriteFailed as failed:
         state.stopped_because, state.disk_error = "disk", _disk_error(failed.error, writer)
-    state.lost, state.runs = tally.admission.losses, len(tally.admission.runs)
+    state.lost, state.runs = tally.admission.losses, len(tally.admission.jobs.runs)
     if state.stopped_because != "disk" and (state.rejected, state.refused) != noted:
         try:
             _write(writer.note, intake_note(state))

@@ -34,7 +34,8 @@ import zmq
 from dagtop.auth import AuthError, MonitorAuth
 from dagtop.exits import Exit
 from dagtop.sources import RCVHWM, BindError
-from instrument.publisher import SNDHWM, curve_keys, reconnect_quickly
+from instrument.keys import curve_keys
+from instrument.publisher import SNDHWM, reconnect_quickly
 from instrument.wire import MAX_FRAME_BYTES
 
 POLL_MS = 1000

@@ -91,7 +91,7 @@ def attach(
                       stacklevel=2)
         return NullTracer()
     try:
-        from instrument.publisher import check_auth
+        from instrument.keys import check_auth
 
         if (unusable := check_auth()) is not None:
             warnings.warn(f"dagtop: {unusable}; training continues untimed", RuntimeWarning, stacklevel=2)

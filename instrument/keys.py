@@ -3,18 +3,23 @@
 A key file is ZeroMQ's certificate format (``zmq.auth``): ``public-key = "…"`` and, in a ``*.key_secret`` file,
 ``secret-key = "…"``, each 40 characters of Z85 (32 bytes). Everything that can be wrong with one is said in one
 line that names the file (:class:`KeyFileError`), instead of the ``Invalid argument`` libzmq gives a bad key
-later; a secret others may read is said too (:func:`exposed`), as ssh does.
+later; a secret others may read is said too (:func:`exposed`), as ssh does. A rank's keys (``DAGTOP_AUTH``) are
+checked when it attaches (:func:`check_auth`), so that one unusable is said before anything is timed.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import warnings
 from pathlib import Path
 from typing import Final
 
 import zmq
 import zmq.auth
+
+AUTH_ENV: Final = "DAGTOP_AUTH"
+"""A directory made by ``dagtop keygen``: the rank reads ``rank.key_secret`` and ``monitor.key`` there (CURVE)."""
 
 KEY_CHARS: Final = 40
 """A CURVE key in Z85: 32 bytes, five characters for every four."""
@@ -69,3 +74,37 @@ def exposed(path: str | os.PathLike[str]) -> str | None:
         return None
     return (f"{path} is open to other users (mode {mode:04o}): whoever reads it can publish to the monitor; "
             f"`chmod 600 {path}`")
+
+
+def curve_keys(directory: str) -> tuple[bytes, bytes, bytes]:
+    """(public, secret, server public) from a ``dagtop keygen`` directory.
+
+    Raises:
+        RuntimeError: no CURVE in this libzmq, or a key missing, unreadable or damaged; one line that names the
+            file and says what is wrong.
+    """
+    if not zmq.has("curve"):
+        raise RuntimeError(f"{AUTH_ENV}={directory}: this libzmq was built without CURVE")
+    where = Path(directory)
+    try:
+        public, secret = read_key_file(where / "rank.key_secret", secret=True)
+        server, _ = read_key_file(where / "monitor.key", secret=False)
+    except KeyFileError as exc:
+        raise RuntimeError(f"{AUTH_ENV}={directory}: {exc}; make the keys with `dagtop keygen DIR`") from None
+    assert secret is not None
+    return public, secret, server
+
+
+def check_auth() -> str | None:
+    """Before a rank starts publishing: why its ``DAGTOP_AUTH`` keys cannot be used (one line), or None (also
+    without ``DAGTOP_AUTH``). A secret key other users may read is warned about, once."""
+    directory = os.environ.get(AUTH_ENV, "")
+    if not directory:
+        return None
+    try:
+        curve_keys(directory)
+    except RuntimeError as exc:
+        return str(exc)
+    if (said := exposed(Path(directory) / "rank.key_secret")) is not None:
+        warnings.warn(f"dagtop: {said}", RuntimeWarning, stacklevel=3)
+    return None

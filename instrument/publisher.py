@@ -11,14 +11,13 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Final, Protocol
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from instrument import wire
-from instrument.keys import KeyFileError, exposed, read_key_file
+from instrument.keys import AUTH_ENV, curve_keys
 from instrument.spans import fill_spans
 
 QUEUE_FRAMES: Final = 1024
@@ -61,46 +60,9 @@ cost: a monitor that reads nothing for longer (stopped, Ctrl-Z) loses the frames
 it when the connection is cut, which the monitor counts; the frames queued at the rank (up to :data:`SNDHWM`) are
 kept. 20 s kept those too, but a monitor stopped for 30 s then saw fresh frames only 7.6 s after it resumed."""
 
-AUTH_ENV: Final = "DAGTOP_AUTH"
-"""A directory made by ``dagtop keygen``: the rank reads ``rank.key_secret`` and ``monitor.key`` there (CURVE)."""
-
 _REFUSED: Final = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 """Socket events that say the monitor refused this rank's handshake."""
-
-
-def curve_keys(directory: str) -> tuple[bytes, bytes, bytes]:
-    """(public, secret, server public) from a ``dagtop keygen`` directory.
-
-    Raises:
-        RuntimeError: no CURVE in this libzmq, or a key missing, unreadable or damaged; one line that names the
-            file and says what is wrong.
-    """
-    if not zmq.has("curve"):
-        raise RuntimeError(f"{AUTH_ENV}={directory}: this libzmq was built without CURVE")
-    where = Path(directory)
-    try:
-        public, secret = read_key_file(where / "rank.key_secret", secret=True)
-        server, _ = read_key_file(where / "monitor.key", secret=False)
-    except KeyFileError as exc:
-        raise RuntimeError(f"{AUTH_ENV}={directory}: {exc}; make the keys with `dagtop keygen DIR`") from None
-    assert secret is not None
-    return public, secret, server
-
-
-def check_auth() -> str | None:
-    """Before a rank starts publishing: why its ``DAGTOP_AUTH`` keys cannot be used (one line), or None (also
-    without ``DAGTOP_AUTH``). A secret key other users may read is warned about, once."""
-    directory = os.environ.get(AUTH_ENV, "")
-    if not directory:
-        return None
-    try:
-        curve_keys(directory)
-    except RuntimeError as exc:
-        return str(exc)
-    if (said := exposed(Path(directory) / "rank.key_secret")) is not None:
-        warnings.warn(f"dagtop: {said}", RuntimeWarning, stacklevel=3)
-    return None
 
 
 def reconnect_quickly(sock: zmq.Socket[bytes]) -> None:

@@ -12,10 +12,11 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Final, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
 
 from instrument import wire
+from instrument.identity import job_identity
 from instrument.wire import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT  # noqa: PLC0414 - re-exported: it lived here
 
 CLOSE_TIMEOUT_S: Final = 2.0
@@ -157,6 +158,7 @@ class Tracer:
         self.started_ns = time.time_ns()
         """When this process attached: with its pid, which process of the rank this is."""
         self._job = job_identity()
+        """Which job and incarnation, for the hello."""
         from instrument.timing import Switch
 
         self._switch = Switch()
@@ -611,45 +613,6 @@ class Tracer:
             units=self._units_said[: wire.MAX_NAME_CHARS], job=self._job.run_id, master=self._job.master,
             restart=self._job.restart, started_ns=self.started_ns,
         )
-
-
-class JobIdentity(NamedTuple):
-    """Which job a rank belongs to, and which incarnation of it, as the hello says (``job``, ``master``,
-    ``restart``)."""
-
-    run_id: str
-    master: str
-    restart: int
-
-
-def job_identity(environ: Mapping[str, str] = os.environ) -> JobIdentity:
-    """The job's identity: torchrun's run id and restart count, and where the ranks meet (``MASTER_ADDR`` and
-    ``MASTER_PORT``, or the default process group's TCP store when the job was initialised without them)."""
-    limit = wire.MAX_JOB_CHARS
-    try:
-        restart = min(max(int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0), wire.MAX_RANKS)
-    except ValueError:
-        restart = 0
-    address, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
-    master = f"{address}:{port}" if address and port else _store_address()
-    return JobIdentity(environ.get("TORCHELASTIC_RUN_ID", "")[:limit], master[:limit], restart)
-
-
-def _store_address() -> str:
-    """``host:port`` of the default process group's TCP store; empty where there is none."""
-    try:
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return ""
-        store: Any = distributed_c10d._get_default_store()
-        while (inner := getattr(store, "underlying_store", None)) is not None:  # a PrefixStore around it
-            store = inner
-        host, port = getattr(store, "host", ""), getattr(store, "port", 0)  # a TCPStore's
-        return f"{host}:{port}" if host and port else ""
-    except Exception:  # noqa: BLE001 - a private corner of torch.distributed: without it, no address
-        return ""
 
 
 def _optimizers(optimizer: Any) -> list[Any]:

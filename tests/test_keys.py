@@ -19,8 +19,7 @@ import zmq
 
 from dagtop.cli import main
 from dagtop.exits import Exit
-from instrument.keys import KeyFileError, read_key_file
-from instrument.publisher import check_auth
+from instrument.keys import KeyFileError, check_auth, read_key_file
 
 
 @pytest.fixture

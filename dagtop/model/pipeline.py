@@ -7,9 +7,10 @@ import statistics
 import threading
 from collections.abc import Iterable
 
-from dagtop.model.admission import Admission, RankState, describe_job
+from dagtop.model.admission import Admission, RankState
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.completion import Completion
+from dagtop.model.jobs import describe_job
 from dagtop.model.liveness import Liveness
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
 from dagtop.recording import RawFrame
@@ -52,7 +53,7 @@ class Pipeline:
         with self._lock:
             for raw in frames:
                 for admitted, frame in self._admission.admit(raw):
-                    if self._admission.current(frame):  # a late frame of an earlier run says nothing of now
+                    if self._admission.jobs.current(frame):  # a late frame of an earlier run says nothing of now
                         self.liveness.take(frame, admitted.received_ns)
                     if isinstance(frame, wire.Hello):
                         self._clocks.hello(frame)
@@ -130,7 +131,7 @@ class Pipeline:
             if host not in offsets:
                 offsets[host] = self._clocks.offset(r)
         liveness = self.liveness.view
-        run = admission.run
+        run = admission.jobs.run
         if liveness.restarted and run is not None and run.number and \
                 max(self._now_ns, admission.received_ns) - run.opened_ns <= RUN_SHOWN_S * 1e9:
             liveness = dataclasses.replace(liveness, restarted=())  # the run's line says it for all of them
@@ -150,7 +151,7 @@ class Pipeline:
             telemetry=self._latest_telemetry(),
             liveness=liveness,
             losses=admission.losses,
-            runs=admission.run_infos(),
+            runs=admission.jobs.run_infos(),
             job_line=self._job_line(),
         )
 
@@ -159,10 +160,10 @@ class Pipeline:
         admission = self._admission
         now = max(self._now_ns, admission.received_ns)
         parts = []
-        run = admission.run
+        run = admission.jobs.run
         if run is not None and run.number and now - run.opened_ns <= RUN_SHOWN_S * 1e9:
-            parts.append(admission.run_infos()[-1].line())
-        others = admission.other_jobs_heard(now, OTHER_JOB_SHOWN_S)
+            parts.append(admission.jobs.run_infos()[-1].line())
+        others = admission.jobs.other_jobs_heard(now, OTHER_JOB_SHOWN_S)
         if len(others) == 1:
             parts.append(f"a second job is publishing here: {others[0].frames} frames refused "
                          f"({describe_job(others[0].key)})")

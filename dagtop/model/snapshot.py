@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from dagtop.model.admission import Losses, RunInfo
 from dagtop.model.change import Change
+from dagtop.model.jobs import Losses, RunInfo
 from dagtop.model.liveness import LivenessView
 from dagtop.model.tasks import Tasks
 from instrument.wire import Telemetry
