@@ -219,6 +219,16 @@ def test_a_restart_is_a_new_run_whose_iterations_are_numbered_on(tmp_path: Path,
     assert p.rejected == 1 and "came after its run had ended" in (p.last_rejection or "")
 
 
+def test_the_job_launched_again_counting_restarts_anew_is_a_new_run() -> None:
+    frames, new = _restarted(with_count=True)  # two runs, the second torchrun's restart 1
+    again = [Rank(r, restart=0, sender=700 + r, pid=7000 + r, started_ns=new[0].started_ns + 600 * S) for r in (0, 1)]
+    frames += _raw([r.hello() for r in again], 40 * S) + _job(again, 10, t0_ns=41 * S)
+    p = _fed(frames)
+    runs = p.snapshot().runs
+    assert [(r.restart, r.first_iteration) for r in runs] == [(0, 0), (1, 31), (0, 51)] and p.rejected == 0
+    assert _complete(p)[-10:] == list(range(51, 61))
+
+
 def test_a_process_older_than_its_ranks_is_refused() -> None:
     ours = [Rank(0), Rank(1)]
     leftover = Rank(1, sender=66, pid=4001, started_ns=ours[1].started_ns - 3600 * S)

@@ -308,6 +308,9 @@ class Jobs:
             self._open(s, hello, key, now_ns)
             return
         if hello.restart < current.restart:
+            if all(_newer(hello, x.hello, unknown=False) for x in current.ranks.values()):
+                self._open(s, hello, key, now_ns)  # started after all of them: the job launched again, counting anew
+                return
             for run in reversed(self.runs):  # a process of an earlier run heard late: its own run takes it
                 if run.job == key and run.restart == hello.restart and rank_free(run, s):
                     return self._join(s, run, hello)
@@ -394,10 +397,11 @@ def rank_free(run: Run, s: RankState) -> bool:
     return holder is None or holder is s
 
 
-def _newer(hello: wire.Hello, than: wire.Hello | None) -> bool:
-    """Whether ``hello``'s process started after ``than``'s (older shims say no start: a new pid is newer)."""
+def _newer(hello: wire.Hello, than: wire.Hello | None, unknown: bool = True) -> bool:
+    """Whether ``hello``'s process started after ``than``'s. Older shims say no start: then ``unknown`` (by
+    default, a new pid is taken as newer)."""
     if than is None:
-        return True
+        return unknown
     if hello.started_ns and than.started_ns:
         return hello.started_ns > than.started_ns
-    return hello.pid != than.pid
+    return unknown and hello.pid != than.pid
