@@ -30,7 +30,7 @@ on at once (a sender whose iteration numbers jump about must not grow the monito
 PENDING_BYTES = 256 * 1024 * 1024
 """Bytes of frames (as received) held in waiting iterations, at most."""
 MAX_LATE = 65_536
-LATE_BYTES = 256 * 1024 * 1024
+LATE_BYTES = 128 * 1024 * 1024
 """Iterations given up on while a rank's frame was missing are kept, up to this many and these bytes of frames (as
 received), so that a frame arriving late still completes its iteration: memory, not a fixed time, bounds how late
 a frame may be (on a link that drops packets, TCP delivers some many seconds late). Past it, the oldest go."""

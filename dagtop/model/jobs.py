@@ -245,10 +245,10 @@ class Jobs:
                              tuple(s.pid or 0 for _, s in sorted(r.ranks.items())))
                      for r in self.runs)
 
-    def current(self, frame: wire.Frame) -> bool:
-        """Whether an admitted frame is of the run followed now (a late one of an earlier run is not)."""
+    def current(self, frame: wire.Frame) -> RankState | None:
+        """The process of an admitted frame if it is of the run followed now (a late one of an earlier run is not)."""
         s = self.senders.get(sender_key(frame))
-        return s is not None and s.run is not None and s.run is self.runs[-1]
+        return s if s is not None and s.run is not None and s.run is self.runs[-1] else None
 
     def other_jobs_heard(self, now_ns: int, within_s: float) -> list[OtherJob]:
         """The other jobs heard from within ``within_s`` of ``now_ns`` (monitor clock)."""

@@ -204,9 +204,11 @@ class Liveness:
         self._assessed_ns = 0
         self._pids_ns = 0
 
-    def take(self, frame: wire.Frame, received_ns: int) -> None:
+    def take(self, frame: wire.Frame, received_ns: int, ended_ns: int | None = None) -> None:
         """One frame admitted from a rank, received at ``received_ns``; judges first if a judgement is due, so that
-        a rank heard again after a silence is judged silent up to that frame (the replay of a recording)."""
+        a rank heard again after a silence is judged silent up to that frame (the replay of a recording).
+        ``ended_ns``: for an iteration, the end of its last task on the rank's clock, if the caller has it already
+        (else it is read from the events)."""
         self.tick(received_ns)
         r = self._ranks.setdefault(frame.rank, _Rank())
         r.heard_ns = max(r.heard_ns, received_ns)
@@ -231,7 +233,9 @@ class Liveness:
                 if r.restart in self._restarts:
                     self._restarts[r.restart] = _replace(self._restarts[r.restart], iteration=frame.iteration)
                 r.restart = None
-            ended = max(wire.EventColumns.of(frame.events).end_ns) if frame.events else 0
+            if ended_ns is None:
+                ended_ns = max(wire.EventColumns.of(frame.events).end_ns) if frame.events else 0
+            ended = ended_ns
             self._clock(r, ended, received_ns)
             if frame.iteration > r.done:
                 since, now = (r.since_ns, ended) if r.rank_clock and ended else (r.since_received_ns, received_ns)

@@ -53,8 +53,9 @@ class Pipeline:
         with self._lock:
             for raw in frames:
                 for admitted, frame in self._admission.admit(raw):
-                    if self._admission.jobs.current(frame):  # a late frame of an earlier run says nothing of now
-                        self.liveness.take(frame, admitted.received_ns)
+                    if (s := self._admission.jobs.current(frame)) is not None:  # not a late one of an earlier run
+                        ended = s.update_end.get(frame.iteration) if isinstance(frame, wire.IterationBatch) else None
+                        self.liveness.take(frame, admitted.received_ns, ended)
                     if isinstance(frame, wire.Hello):
                         self._clocks.hello(frame)
                     elif isinstance(frame, wire.IterationBatch):
