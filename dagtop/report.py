@@ -185,7 +185,7 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
         w(f"run {x['run'] + 1:<13}{x['said']}: its iterations are numbered from {x['first_iteration']} here\n")
     for x in s.get("restarts", ()):
         w(f"restart          rank {x['rank']}: pid {x['old_pid']} → {x['new_pid']}"
-          + (f", back to iteration {x['iteration']}" if x["iteration"] is not None else "") + "\n")
+          + (f", its first iteration {x['iteration']}" if x["iteration"] is not None else "") + "\n")
     for note in s.get("notes", ()):
         w(f"note: {note}\n")
     intake = s.get("intake")

@@ -131,6 +131,18 @@ def test_a_second_job_on_the_endpoint_is_refused_counted_and_said() -> None:
     assert "a second job is publishing here: 12 frames refused (run id run-b, master 10.0.0.1:29500)" in snap.job_line
 
 
+def test_frames_that_came_before_their_hello_wait_for_it_and_go_with_it() -> None:
+    ours, theirs = [Rank(0), Rank(1)], Rank(1, job="run-b", sender=77)
+    frames = _raw([ours[0].hello(), ours[0].step(), ours[1].step(), theirs.step(), theirs.step()])
+    a = Admission()
+    for raw in frames:
+        a.admit(raw)
+    assert len(a.held) == 3  # rank 1's frames came before its process said hello; so did the stranger's
+    assert [type(f).__name__ for _, f in a.admit(RawFrame(1, ours[1].hello()))] == ["IterationBatch", "Hello"]
+    assert len(a.held) == 2 and a.admit(RawFrame(2, theirs.hello())) == []
+    assert a.held == [] and a.rejected == 3  # its hello refused, the frames it held go with it
+
+
 def test_the_next_job_is_followed_once_the_first_said_bye_or_fell_silent() -> None:
     first, second = [Rank(0), Rank(1)], [Rank(0, job="run-b", sender=77), Rank(1, job="run-b", sender=78)]
     frames = _raw([r.hello() for r in first]) + _job(first, 5, t0_ns=S) + _raw([r.bye() for r in first], 2 * S)

@@ -154,6 +154,8 @@ class Admission:
                 if s.run is not None and self.held:
                     self._release_after(raw, frame, out)
                     return
+                if s.refused and frame.sender and self.held:
+                    self._refuse_held(s)
         elif s is None:
             s = self._stranger(raw, frame, released)
             if s is None:
@@ -253,13 +255,27 @@ class Admission:
             self.taken_in += 1
         return None
 
+    def _refuse_held(self, s: RankState) -> None:
+        """The frames held for a process whose hello was just refused: refused with it."""
+        kept = [(raw, frame) for raw, frame in self.held if frame.sender != s.sender]
+        for raw, _ in (x for x in self.held if x[1].sender == s.sender):
+            self._refuse(s, raw)
+        self.held, self._held_bytes = kept, sum(len(raw.payload) for raw, _ in kept)
+
     def _release_after(self, raw: RawFrame, hello: wire.Hello, out: list[tuple[RawFrame, wire.Frame]]) -> None:
-        """Take a hello that placed its sender, then fold the held frames again, in order: those still without a
-        place stay held. Only a sender's first placement does this (it is what can release frames)."""
+        """Take a hello that placed its sender, and fold the held frames again, in order (those still without a place
+        stay held). Its own frames sent before the hello go first: the hello that went before them was lost, and
+        this later one has a higher sequence number (taken first, it would make theirs look like duplicates). Only
+        a sender's first placement does this (it is what can release frames)."""
         held, self.held, self._held_bytes = self.held, [], 0
+        key = sender_key(hello)
+        earlier = [x for x in held if x[1].seq < hello.seq and sender_key(x[1]) == key]
+        for frame_raw, frame in earlier:
+            self._fold(frame_raw, frame, out, released=True)
         self._fold(raw, hello, out)
         for frame_raw, frame in held:
-            self._fold(frame_raw, frame, out, released=True)
+            if not (frame.seq < hello.seq and sender_key(frame) == key):
+                self._fold(frame_raw, frame, out, released=True)
 
 
 def _unaccounted(s: RankState, frame: wire.IterationBatch, run: Run) -> str:

@@ -123,7 +123,7 @@ class Pipeline:
         recent = [a.measured_ms for a in analyses[-10:] if a.complete and a.measured_ms > 0]
         notes = list(self._clocks.notes())
         if admission.held:
-            notes.append(f"{len(admission.held)} frames held until a hello says how many ranks there are")
+            notes.append(f"{len(admission.held)} frames held until their process says hello (or one sizes the world)")
         # Ranks on one host share their clock's offset: looked up once a host, not once a rank (each look-up finds
         # the reference host among all the ranks: quadratic in the ranks, 10 ms a snapshot at 1024).
         offsets: dict[str | None, int] = {}
