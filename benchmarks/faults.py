@@ -162,7 +162,7 @@ def restart(tree: Path, work: Path) -> str:
                    "300", "--step-ms", "40"], None, DAGTOP_ENDPOINT=run.endpoint)
         run.wait_steps(150)
         os.kill(int((run.out / "pid-0-1").read_text()), signal.SIGKILL)
-        run.wait()
+        run.wait(420)
     finally:
         run.close()
     restarts = sorted({int(p.name.split("-")[1]) for p in run.out.glob("pid-*")})

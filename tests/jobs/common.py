@@ -12,17 +12,24 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 
-def start(seed: int = 0) -> tuple[int, int]:
-    """Join the gloo process group; (rank, world). One thread per rank: two ranks share two cores."""
+def start(seed: int = 0, timeout_s: float | None = None) -> tuple[int, int]:
+    """Join the gloo process group; (rank, world). One thread per rank: two ranks share two cores.
+
+    ``timeout_s`` bounds the rendezvous and every collective (gloo's default is 30 minutes): a job that torchrun
+    restarts passes it, so that a rendezvous wedged on a loaded machine fails and torchrun tries again."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    dist.init_process_group("gloo")
+    if timeout_s is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
 
