@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import builtins
 import os
+import pwd
 import re
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,78 @@ def test_keygen_creates_each_secret_owner_only_from_its_first_byte_under_umask_0
         public, secret = read_key_file(keys / f"{name}.key_secret", secret=True)
         assert secret is not None and zmq.curve_public(secret) == public
         assert read_key_file(keys / f"{name}.key", secret=False) == (public, None)
+
+
+READER = """
+import ctypes, os, struct, sys, time
+directory, uid, gid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init()
+libc.inotify_add_watch(fd, directory.encode(), 0x100)  # IN_CREATE: each file the moment it exists
+os.setgid(gid)
+os.setuid(uid)
+print("ready", flush=True)
+read, seen = set(), 0
+os.set_blocking(fd, False)
+end = time.monotonic() + 60
+while time.monotonic() < end and seen < 4:
+    try:
+        data = os.read(fd, 4096)
+    except BlockingIOError:
+        continue
+    while data:
+        _, _, _, size = struct.unpack_from("iIII", data)
+        name = data[16:16 + size].rstrip(bytes(1)).decode()
+        data = data[16 + size:]
+        seen += 1
+        for _ in range(2000 if name.endswith("_secret") else 0):  # opened at once, as often as it takes
+            try:
+                f = open(os.path.join(directory, name))
+            except OSError:
+                break
+            with f:  # an open file stays readable whatever its mode becomes: read it until its key is written
+                for _ in range(2000):
+                    f.seek(0)
+                    if "secret-key" in f.read():
+                        read.add(name)
+                        break
+            break
+for name in os.listdir(directory):  # and every file once more at the end: the public keys show it could read
+    try:
+        with open(os.path.join(directory, name)) as f:
+            if "-key" in f.read():
+                read.add(name)
+    except OSError:
+        pass
+print(" ".join(sorted(read)), flush=True)
+"""
+"""User ``nobody`` watching a directory (inotify): opens each secret key file the instant it is created and, if the
+open is allowed, reads it until its key is written; then tries every file once more; prints the names it read."""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to read as user nobody")
+def test_under_umask_000_no_other_user_reads_a_secret_at_any_moment(capsys: pytest.CaptureFixture[str]) -> None:
+    """A real ``dagtop keygen`` under umask 000 into a directory others may enter, while user ``nobody`` opens
+    every file the instant it exists: the public keys are read (the reader could), the secrets never."""
+    nobody = pwd.getpwnam("nobody")
+    with tempfile.TemporaryDirectory(prefix="dagtop-keys-") as where:
+        keys = Path(where)
+        keys.chmod(0o755)  # others may enter, as a home directory or a shared checkout
+        reader = subprocess.Popen([sys.executable, "-c", READER, str(keys), str(nobody.pw_uid), str(nobody.pw_gid)],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert reader.stdout is not None and reader.stdout.readline().strip() == "ready"
+            made = subprocess.run(["sh", "-c", 'umask 000 && exec "$0" -m dagtop.cli keygen "$1"', sys.executable,
+                                   str(keys)], capture_output=True, text=True, timeout=120)
+            assert made.returncode == 0, made.stderr
+            out, _ = reader.communicate(timeout=120)
+        finally:
+            if reader.poll() is None:
+                reader.kill()
+                reader.wait()
+        assert out.split() == ["monitor.key", "rank.key"], out
+        assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in keys.iterdir()} == {
+            "monitor.key": 0o644, "monitor.key_secret": 0o600, "rank.key": 0o644, "rank.key_secret": 0o600}
 
 
 def test_keygen_refuses_a_directory_every_user_may_write_in(tmp_path: Path, umask_000: None,
