@@ -217,6 +217,7 @@ def test_a_restart_is_a_new_run_whose_iterations_are_numbered_on(tmp_path: Path,
     assert [(r.number, r.restart, r.first_iteration, r.after) for r in snap.runs] == \
         [(0, 0, 0, None), (1, 1 if with_count else 0, 31, 30)]
     assert snap.runs[1].pids == (6000, 6001) and p.rejected == 0
+    assert snap.runs[0].line().startswith("first run at ")
     said = snap.runs[1].line()
     assert said.startswith("restart 1 at " if with_count else "run 2 (new processes) at ")
     assert said.endswith(", after iteration 30")

@@ -182,7 +182,8 @@ class RunInfo:
     def line(self) -> str:
         """``restart 1 at 14:02:11, after iteration 1314`` (what the screen and the text report say)."""
         what = (f"another job ({describe_job((self.run_id, self.master))})" if self.new_job
-                else f"restart {self.restart}" if self.restart else f"run {self.number + 1} (new processes)")
+                else f"restart {self.restart}" if self.restart else f"run {self.number + 1} (new processes)"
+                if self.number else "first run")
         at = time.strftime("%H:%M:%S", time.localtime(self.started_ns / 1e9)) if self.started_ns else "?"
         after = f", after iteration {self.after}" if self.after is not None else ""
         return f"{what} at {at}{after}"
