@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--idle-s", type=float, default=0.0)
     args = parser.parse_args()
-    rank, _ = start(timeout_s=60)  # a wedged rendezvous of a restarted incarnation fails, and torchrun goes on
+    rank, _ = start()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     out = Path(os.environ["JOB_OUT"])
     (out / f"pid-{restart}-{rank}").write_text(str(os.getpid()))
