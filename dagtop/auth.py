@@ -1,25 +1,31 @@
 """Who may publish: ZeroMQ's own CURVE key pairs (``dagtop keygen``) and the monitor side of the handshake.
 
-``dagtop keygen DIR`` writes two key pairs with :func:`zmq.auth.create_certificates`: the monitor's
-(``monitor.key``, ``monitor.key_secret``) and the ranks' (``rank.key``, ``rank.key_secret``). The monitor reads
+``dagtop keygen DIR`` writes two key pairs made by :func:`zmq.curve_keypair`, in ZeroMQ's certificate format: the
+monitor's (``monitor.key``, ``monitor.key_secret``) and the ranks' (``rank.key``, ``rank.key_secret``). A secret key
+file is created owner-only (0600) by the call that creates it, whatever the umask, so no other user can open it at
+any moment, and never over an existing file. The monitor reads
 ``monitor.key_secret`` and ``rank.key``; a rank reads ``rank.key_secret`` and ``monitor.key``
 (instrument/publisher.py, ``DAGTOP_AUTH=DIR``). With ``--auth DIR`` the monitor's socket is a CURVE server and a
 ZAP handler (:class:`zmq.auth.thread.ThreadAuthenticator`) lets in only clients holding the rank key: traffic is
-encrypted, and a rank without the key, or with another, never gets a frame through.
+encrypted, and a rank without the key, or with another, never gets a frame through. What it does not do: tell
+ranks apart (every rank holds the one rank key, so its holder can publish as any rank of the job; README says so).
+Key files are checked when read (:mod:`instrument.keys`): a damaged one is one line naming it.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import stat
 import sys
 from pathlib import Path
 
 import zmq
-import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from dagtop.exits import Exit
+from instrument.keys import KeyFileError, exposed, read_key_file
 
 MONITOR = "monitor"
 RANK = "rank"
@@ -51,10 +57,11 @@ def monitor_auth(directory: str | None) -> MonitorAuth | None:
 
 
 def keygen(directory: str | os.PathLike[str]) -> list[Path]:
-    """Write the monitor's and the ranks' key pairs in ``directory`` (made if missing, owner-only); the files.
+    """Write the monitor's and the ranks' key pairs in ``directory`` (made owner-only if missing); the files.
 
     Raises:
-        AuthError: no CURVE, or the directory already holds keys (never overwritten: ranks may be using them).
+        AuthError: no CURVE, a directory any user may write in (another could swap the keys), or one that
+            already holds keys (never overwritten: ranks may be using them).
     """
     require_curve()
     where = Path(directory)
@@ -64,14 +71,44 @@ def keygen(directory: str | os.PathLike[str]) -> list[Path]:
         raise AuthError(f"{where} already holds {', '.join(existing)}; remove them or name another directory")
     try:
         where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if stat.S_IMODE(where.stat().st_mode) & 0o002:
+            raise AuthError(f"{where} is writable by every user, who could swap the keys; name a directory of your "
+                            f"own (keygen makes it owner-only), e.g. {where / 'dagtop-keys'}")
         files: list[Path] = []
         for name in (MONITOR, RANK):
-            public, secret = zmq.auth.create_certificates(where, name)
-            os.chmod(secret, 0o600)
-            files += [Path(public), Path(secret)]
+            public, secret = zmq.curve_keypair()
+            files.append(_write_key_file(where / f"{name}.key", public))
+            files.append(_write_key_file(where / f"{name}.key_secret", public, secret))
+    except FileExistsError as exc:
+        raise AuthError(f"{where} already holds {Path(exc.filename).name}; remove it or name another directory") from None
     except OSError as exc:
         raise AuthError(f"cannot write keys in {where}: {exc.strerror or exc}") from None
     return files
+
+
+_BANNER = """#   ****  Generated on {now:%Y-%m-%d %H:%M:%S} by dagtop keygen  ****
+#   ZeroMQ CURVE {what} Certificate
+#   {advice}
+
+"""
+
+
+def _write_key_file(path: Path, public: bytes, secret: bytes | None = None) -> Path:
+    """One key file in ZeroMQ's certificate format (what :func:`zmq.auth.load_certificate` reads). Created by the
+    open call itself with its final mode (never over an existing file): a secret is 0600 from its first byte, not
+    written world-readable and then narrowed (``zmq.auth.create_certificates``), and a umask can only narrow that."""
+    text = _BANNER.format(now=datetime.datetime.now(),
+                          what="**Secret**" if secret else "Public",
+                          advice=("DO NOT PROVIDE THIS FILE TO OTHER USERS nor change its permissions." if secret
+                                  else "Exchange securely, or use a secure mechanism to verify the contents"))
+    text += f'metadata\ncurve\n    public-key = "{public.decode()}"\n'
+    if secret:
+        text += f'    secret-key = "{secret.decode()}"\n'
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o600 if secret else 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
 
 
 def _load(directory: Path, name: str, secret: bool) -> tuple[bytes, bytes | None]:
@@ -79,11 +116,11 @@ def _load(directory: Path, name: str, secret: bool) -> tuple[bytes, bytes | None
     if not path.is_file():
         raise AuthError(f"{directory}: no {path.name} (make the keys with `dagtop keygen {directory}`)")
     try:
-        public, private = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise AuthError(f"{path}: not a key file ({exc})") from None
-    if secret and not private:
-        raise AuthError(f"{path}: holds no secret key")
+        public, private = read_key_file(path, secret)
+    except KeyFileError as exc:
+        raise AuthError(str(exc)) from None
+    if secret and (said := exposed(path)) is not None:
+        print(f"dagtop: warning: {said}", file=sys.stderr)
     return public, private
 
 

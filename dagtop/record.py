@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
-from dagtop.model.admission import Admission
+from dagtop.model.admission import Admission, Losses
 from dagtop.model.completion import missing
 from dagtop.recording import RawFrame, RecordingWriter
 from dagtop.sources import BindError, FrameSource, ZmqSource
@@ -53,6 +53,10 @@ class RecordProgress:
     """Connections refused by CURVE authentication (``--auth``): a rank without the key, or with a wrong one."""
     disk_error: str = ""
     """Why the recording could not be written on ('disk'), in one line."""
+    lost: Losses = field(default_factory=Losses)
+    """What never arrived, by reason (as of the last frame that changed it)."""
+    runs: int = 0
+    """Runs of the job seen: a restart begins a new one."""
 
     def line(self) -> str:
         expected = "?" if self.ranks_expected is None else str(self.ranks_expected)
@@ -68,6 +72,10 @@ class RecordProgress:
             text += f" (first: {self.first_rejection})"
         if self.refused:
             text += f" · {self.refused} refused by --auth"
+        if self.lost.dropped:
+            text += f" · {self.lost.dropped} frames lost ({self.lost.transit} on the way)"
+        if self.runs > 1:
+            text += f" · {self.runs} runs (restarted)"
         return text
 
 
@@ -108,6 +116,8 @@ class _Tally:
                     self.waiting.discard(oldest)
         if ranks_changed:  # a world size or a bye changes which ranks an iteration awaits
             self._count(sorted(self.waiting))
+            p.runs = len(admission.jobs.runs)
+            p.lost = admission.losses
         if admission.rejected > rejected:
             p.rejected = admission.rejected
             p.first_rejection = p.first_rejection or (admission.last_rejection or "")[:120]
@@ -116,12 +126,14 @@ class _Tally:
 
     def _count(self, iterations: Iterable[int]) -> None:
         p = self.progress
-        # Every rank below the world size is awaited but those that said bye: an iteration with fewer ranks in
+        # Every rank below its run's world size is awaited but those that said bye: an iteration with fewer ranks in
         # cannot be complete. That settles all but an iteration's last frame at no cost (the rule is O(world)).
-        least = (self.admission.world or 0) - len(p.ranks_done)
         for it in iterations:
             have = p.iterations[it]
-            if it in self.waiting and len(have) >= least and not missing(self.admission, it, have):
+            run = self.admission.run_of(it)
+            if run is None:
+                continue
+            if it in self.waiting and len(have) >= run.world - run.byes and not missing(self.admission, it, have):
                 self.waiting.discard(it)
                 p.complete += 1
 
@@ -187,6 +199,7 @@ def record(
         state.stopped_because = "interrupted"
     except _WriteFailed as failed:
         state.stopped_because, state.disk_error = "disk", _disk_error(failed.error, writer)
+    state.lost, state.runs = tally.admission.losses, len(tally.admission.jobs.runs)
     if state.stopped_because != "disk" and (state.rejected, state.refused) != noted:
         try:
             _write(writer.note, intake_note(state))
@@ -285,12 +298,13 @@ def _exit_status(result: RecordResult, args: argparse.Namespace, frames: int) ->
         print(f"dagtop record: {result.disk_error}", file=sys.stderr)
         return Exit.DISK
     if result.stopped_because == "timeout":
-        what = "nothing received" if result.frames == 0 else "nothing more received"
-        print(
-            f"dagtop record: {what} on {args.bind} for {args.timeout:g} s; is the job running with "
-            f"DAGTOP_ENDPOINT={args.bind}? ({frames} frames kept in {args.output})",
-            file=sys.stderr,
-        )
+        if result.frames == 0:
+            print(f"dagtop record: nothing received on {args.bind} for {args.timeout:g} s; is the job running with "
+                  f"DAGTOP_ENDPOINT={args.bind}? ({frames} frames kept in {args.output})", file=sys.stderr)
+        else:  # it was: it ended without its byes (frames a rank had not sent went with it), or the way is down
+            print(f"dagtop record: nothing more received on {args.bind} for {args.timeout:g} s: the ranks ended "
+                  f"without saying bye, or the way to them is down ({frames} frames kept in {args.output})",
+                  file=sys.stderr)
         return Exit.TIMEOUT
     if result.stopped_because == "interrupted":
         print(f"dagtop record: interrupted; {frames} frames kept in {args.output}", file=sys.stderr)

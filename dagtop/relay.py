@@ -34,7 +34,8 @@ import zmq
 from dagtop.auth import AuthError, MonitorAuth
 from dagtop.exits import Exit
 from dagtop.sources import RCVHWM, BindError
-from instrument.publisher import SNDHWM, curve_keys
+from instrument.keys import curve_keys
+from instrument.publisher import SNDHWM, reconnect_quickly
 from instrument.wire import MAX_FRAME_BYTES
 
 POLL_MS = 1000
@@ -87,6 +88,7 @@ class Relay:
                 self.ranks.bind(bind)
             except zmq.ZMQError as exc:
                 raise BindError(f"cannot bind {bind}: {exc.strerror}") from exc
+            reconnect_quickly(self.monitor)  # as the ranks do: back within seconds of an outage of the monitor
             self.monitor.connect(to)
         except BaseException:
             self.close()

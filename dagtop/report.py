@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from typing import Any, TextIO
 from dagtop.exits import Exit
 from dagtop.model.liveness import Holder, Stall, ranks_text, where
 from dagtop.model.pipeline import Pipeline
-from dagtop.model.snapshot import WARM_UP, IterationAnalysis
+from dagtop.model.snapshot import IterationAnalysis
 from dagtop.model.summary import collectives, summarize
 from dagtop.recording import RecordingError, RecordingReader, read_notes
 
@@ -27,7 +28,7 @@ def _gbps(x: float | None) -> str:
 def select(analyses: Sequence[IterationAnalysis], iterations: tuple[int | None, int | None] | None) -> list[IterationAnalysis]:
     """Analyses in ``[A, B)``; without a range, everything past warm-up (all, if that leaves none)."""
     if iterations is None:
-        chosen = [a for a in analyses if a.iteration >= WARM_UP]
+        chosen = [a for a in analyses if not a.in_warm_up]
         return chosen or list(analyses)
     lo, hi = iterations
     return [a for a in analyses if (lo is None or a.iteration >= lo) and (hi is None or a.iteration < hi)]
@@ -102,6 +103,14 @@ def run_report(args: argparse.Namespace) -> int:
     summary["stalls"] = [stall_json(x) for x in pipeline.liveness.stalls]
     summary["restarts"] = [{"rank": x.rank, "old_pid": x.old_pid, "new_pid": x.new_pid, "iteration": x.iteration}
                            for x in pipeline.liveness.restarts]
+    summary["runs"] = [{"run": r.number, "restart": r.restart, "run_id": r.run_id, "master": r.master,
+                        "world": r.world, "first_iteration": r.first_iteration, "last_iteration": r.last_iteration,
+                        "after_iteration": r.after, "started": _iso(r.started_ns), "new_job": r.new_job,
+                        "pids": list(r.pids), "said": r.line()}
+                       for r in snap.runs]
+    lost = snap.losses
+    summary["lost"] = {"rank_queue": lost.queue, "rank_socket": lost.socket, "in_transit": lost.transit,
+                       "iterations_missing": lost.iterations, "before_connect": lost.before_connect}
     if getattr(args, "json", False):
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -194,9 +203,11 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
         said += [f"{ranks_text(w['ranks'])} {where(w['task'])}" for w in x["waiting"]]
         w(f"stall            iteration {x['iteration']}{'' if x['confirmed'] else ' (or near it)'}: no iteration for "
           f"{x['duration_s']:.1f} s{'' if x['resumed'] else ', never resumed'} · " + " · ".join(said) + "\n")
+    for x in s.get("runs", ())[1:]:
+        w(f"run {x['run'] + 1:<13}{x['said']}: its iterations are numbered from {x['first_iteration']} here\n")
     for x in s.get("restarts", ()):
         w(f"restart          rank {x['rank']}: pid {x['old_pid']} → {x['new_pid']}"
-          + (f", back to iteration {x['iteration']}" if x["iteration"] is not None else "") + "\n")
+          + (f", its first iteration {x['iteration']}" if x["iteration"] is not None else "") + "\n")
     for note in s.get("notes", ()):
         w(f"note: {note}\n")
     intake = s.get("intake")
@@ -204,8 +215,24 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
         reasons = ", ".join(f"{r} ×{n}" for r, n in sorted(intake["reasons"].items(), key=lambda kv: -kv[1])[:3])
         w(f"note: the recorder refused {intake['rejected']} frames" + (f" ({reasons})" if reasons else "")
           + (f" and {intake['refused']} connections without the rank key" if intake["refused"] else "") + "\n")
-    if s.get("dropped"):
-        w(f"note: {s['dropped']} events or frames were lost on the way\n")
+    lost = s.get("lost")
+    if lost and (lost["rank_queue"] or lost["rank_socket"] or lost["in_transit"]):
+        reasons = (
+            (lost["rank_queue"], "dropped at the ranks (their queue was full)"),
+            (lost["rank_socket"], "refused by the ranks' sockets (the monitor or the link not keeping up)"),
+            (lost["in_transit"], "lost on the way"),
+        )
+        w(f"note: frames that never arrived: {', '.join(f'{n} {what}' for n, what in reasons if n)} "
+          f"({lost['iterations_missing']} iteration frames among them)\n")
+    if lost and lost["before_connect"]:
+        w(f"note: {lost['before_connect']} iteration frames were sent before the monitor first heard their rank\n")
+
+
+def _iso(wall_ns: int) -> str | None:
+    """A wall-clock time as ISO 8601 in local time with its offset; None for 0 (not said)."""
+    if not wall_ns:
+        return None
+    return datetime.datetime.fromtimestamp(wall_ns / 1e9).astimezone().isoformat(timespec="seconds")
 
 
 def _size(nbytes: int) -> str:

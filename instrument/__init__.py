@@ -91,6 +91,11 @@ def attach(
                       stacklevel=2)
         return NullTracer()
     try:
+        from instrument.keys import check_auth
+
+        if (unusable := check_auth()) is not None:
+            warnings.warn(f"dagtop: {unusable}; training continues untimed", RuntimeWarning, stacklevel=2)
+            return NullTracer()
         rank, world, local_rank = _topology()
         return Tracer(
             model,

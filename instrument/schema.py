@@ -119,6 +119,18 @@ class Added(Text):
         return f"string, at most {self.limit} characters; left out when empty"
 
 
+@dataclass(frozen=True, slots=True)
+class AddedInt(Int):
+    """An :class:`Int` field added to a frame after its version was fixed: 0 when absent, and written only when not
+    0, so that a frame that does not use it is byte for byte what it was before, and older monitors ignore it."""
+
+    absent: ClassVar[Any] = 0
+    omitted_when_absent: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"integer in [{number(self.lo)}, {number(self.hi)}]; 0 if absent, left out when 0"
+
+
 def _within(where: str) -> str:
     return f"{where}: " if where else ""
 

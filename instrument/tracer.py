@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from instrument import wire
+from instrument.identity import job_identity
 from instrument.wire import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT  # noqa: PLC0414 - re-exported: it lived here
 
 CLOSE_TIMEOUT_S: Final = 2.0
@@ -154,6 +155,10 @@ class Tracer:
         self.granularity = granularity
         self.sample_every = sample_every
         self.iteration = 0
+        self.started_ns = time.time_ns()
+        """When this process attached: with its pid, which process of the rank this is."""
+        self._job = job_identity()
+        """Which job and incarnation, for the hello."""
         from instrument.timing import Switch
 
         self._switch = Switch()
@@ -616,7 +621,8 @@ class Tracer:
             host=socket.gethostname()[: wire.MAX_NAME_CHARS], pid=os.getpid(), device=str(self.device),
             torch=torch.__version__, model=self._model_name[: wire.MAX_NAME_CHARS], params=self._params,
             granularity=self.granularity, wall_ns=time.time_ns(), mono_ns=time.perf_counter_ns(),
-            units=self._units_said[: wire.MAX_NAME_CHARS],
+            units=self._units_said[: wire.MAX_NAME_CHARS], job=self._job.run_id, master=self._job.master,
+            restart=self._job.restart, started_ns=self.started_ns,
         )
 
 

@@ -19,6 +19,7 @@ import msgpack
 from instrument.events import CATEGORIES, CATEGORY_CODE, LANE_CODE, LANES, PHASE_CODE, PHASES, Event, EventColumns
 from instrument.schema import (
     Added,
+    AddedInt,
     FieldType,
     Int,
     Layout,
@@ -90,11 +91,21 @@ def _used_within_total(values: Mapping[str, Any], where: str) -> None:
 SEQ: Final = wire(Int(), "frames this rank has tried to send before this one, all kinds together")
 RANK: Final = wire(Int(0, MAX_RANKS), "the sending rank, as torch.distributed numbers it")
 DROPPED: Final = wire(Int(), "iteration frames this rank has discarded so far (cumulative)")
+DROPPED_QUEUE: Final = wire(AddedInt(), "of `dropped`, those the training thread discarded because the publisher's "
+                                        "queue was full (the rest the rank's socket refused: the link or the monitor "
+                                        "not keeping up); 0 from older ranks")
+SENDER: Final = wire(AddedInt(0, 2**31 - 1), "the sending process: a number the shim picks at random when it "
+                                             "attaches (a restarted rank picks another); 0 from older ranks")
+MAX_JOB_CHARS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """A rank introduces itself once, when it attaches (and again if it reconnects)."""
+    """A rank introduces itself when it attaches, and again every few seconds: who it is, and in which job.
+
+    ``job``, ``master``, ``restart`` and ``started_ns`` say which job, which incarnation of it and which process:
+    the monitor follows one job, and takes a restart (torchrun's count up, or new processes for its ranks) as a
+    new run of it."""
 
     KIND: ClassVar[str] = "hello"
     WHEN: ClassVar[str] = "at attach, 0.2 s and 0.7 s later, then every 2 s"
@@ -116,6 +127,16 @@ class Hello:
                                               "on the wall clock"))
     units: str = field(default="", metadata=wire(Added(MAX_NAME_CHARS), "the timed units as attach found them: "
                                                    "`6 blocks: embed, layers.0…3, head`; empty from older ranks"))
+    job: str = field(default="", metadata=wire(Added(MAX_JOB_CHARS), "torchrun's run id (`TORCHELASTIC_RUN_ID`, "
+                                                                     "its `--rdzv-id`); empty outside torchrun"))
+    master: str = field(default="", metadata=wire(Added(MAX_JOB_CHARS), "`MASTER_ADDR:MASTER_PORT`, where the job's "
+                                                                        "ranks meet; empty where unset"))
+    restart: int = field(default=0, metadata=wire(AddedInt(0, MAX_RANKS), "torchrun's restart count "
+                                                                         "(`TORCHELASTIC_RESTART_COUNT`): 0 in the "
+                                                                         "job's first incarnation"))
+    started_ns: int = field(default=0, metadata=wire(AddedInt(), "`time.time_ns()` when the shim attached in this "
+                                                                 "process; 0 from older ranks"))
+    sender: int = field(default=0, metadata=SENDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +152,8 @@ class IterationBatch:
     events: Sequence[Event] = field(metadata=wire(COLUMNS, "the iteration's tasks, not sorted", key="ev"))
     """Decoded frames carry :class:`EventColumns`; any sequence of events encodes."""
     dropped: int = field(metadata=DROPPED)
+    dropped_queue: int = field(default=0, metadata=DROPPED_QUEUE)
+    sender: int = field(default=0, metadata=SENDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +202,7 @@ class Buckets:
     rank: int = field(metadata=RANK)
     buckets: tuple[Bucket, ...] = field(metadata=wire(BucketList(), "per bucket index: its bytes and its "
                                                                     "parameters' names, in bucket order"))
+    sender: int = field(default=0, metadata=SENDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +216,8 @@ class Bye:
     rank: int = field(metadata=RANK)
     iterations: int = field(metadata=wire(Int(), "iteration frames published"))
     dropped: int = field(metadata=DROPPED)
+    dropped_queue: int = field(default=0, metadata=DROPPED_QUEUE)
+    sender: int = field(default=0, metadata=SENDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +270,7 @@ class Telemetry:
         Text(MAX_NOTE_CHARS), "why figures are missing, worded to follow the rank: `on CPU`, "
                               "`no GPU figures: NVML library not found`", after="mono_ns"))
     # `note` comes last here only because it has a default; on the wire it has always preceded hw and gpu.
+    sender: int = field(default=0, metadata=SENDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +289,10 @@ class Heartbeat:
                                                           "open and X ended last; `between iterations`; empty "
                                                           "before the first"))
     open_ms: int = field(metadata=wire(Int(), "milliseconds `task` has been open (for `after X`: since X ended)"))
+    mono_ns: int = field(default=0, metadata=wire(AddedInt(), "the rank's `perf_counter_ns()` when it sent this: "
+                                                              "the monitor judges a stall on the rank's clock, not "
+                                                              "on when frames arrive; 0 from older ranks"))
+    sender: int = field(default=0, metadata=SENDER)
 
 
 Frame = Hello | IterationBatch | Buckets | Bye | Telemetry | Heartbeat
@@ -280,7 +311,7 @@ if any(layout.fields[:2] != _HEADER for layout in _LAYOUT.values()):
     raise TypeError("every frame must open with the same seq and rank fields")
 _ITER: Final = _LAYOUT[IterationBatch]
 # encode_iteration's keys, from the layout; unpacking fails at import if the frame gains or loses a field.
-_SEQ, _RANK, _IT, _EV, _DROPPED = (f.key for f in _LAYOUT[IterationBatch])
+_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER = (f.key for f in _LAYOUT[IterationBatch])
 
 
 def _pack(obj: dict[str, Any]) -> bytes:
@@ -301,15 +332,21 @@ encode_hello = encode_buckets = encode_bye = encode_telemetry = encode
 
 
 def encode_iteration(
-    seq: int, rank: int, iteration: int, events: Sequence[Event] | list[tuple[Any, ...]], dropped: int
+    seq: int, rank: int, iteration: int, events: Sequence[Event] | list[tuple[Any, ...]], dropped: int,
+    dropped_queue: int = 0, sender: int = 0,
 ) -> bytes:
     """Encode one rank's iteration; ``events`` may be plain 7-tuples (the shim's hot path).
 
     The same bytes as ``encode(IterationBatch(...))`` without building the frame (tests/test_wire_schema.py checks
     it): this runs once per iteration on every rank, with the keys taken from the layout.
     """
-    return _pack({"v": WIRE_VERSION, "k": IterationBatch.KIND, _SEQ: seq, _RANK: rank, _IT: iteration,
-                  _EV: COLUMNS.encode(events), _DROPPED: dropped})
+    m = {"v": WIRE_VERSION, "k": IterationBatch.KIND, _SEQ: seq, _RANK: rank, _IT: iteration,
+         _EV: COLUMNS.encode(events), _DROPPED: dropped}
+    if dropped_queue:
+        m[_DROPPED_QUEUE] = dropped_queue
+    if sender:
+        m[_SENDER] = sender
+    return _pack(m)
 
 
 _MAP_MARKERS: Final = frozenset(bytes([b]) for b in (*range(0x80, 0x90), 0xDE, 0xDF))

@@ -90,12 +90,20 @@ def test_missing_sequence_numbers_are_remembered_up_to_a_bound_across_ranks(monk
     assert a.dropped == 8 * 599  # every gap counted all the same
 
 
-def test_iterations_that_jump_about_keep_memory_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_iterations_that_jump_about_are_refused_and_waiting_ones_keep_memory_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(completion_module, "MAX_PENDING", 16)
+    monkeypatch.setattr(completion_module, "MAX_LATE", 16)
+    # Iteration numbers that no sequence of frames accounts for make no iteration at all.
     p = Pipeline(expected_ranks=2)
     rng = random.Random(1)
-    frames = [RawFrame(0, _iteration(0, rng.randrange(10**12), seq=i)) for i in range(2000)]
-    p.feed(frames)
+    p.feed([RawFrame(0, _iteration(0, 10 + rng.randrange(10**12), seq=i)) for i in range(2000)])
+    assert p.analyses() == [] and p.rejected == 2000
+    assert p._admission.rejections == {
+        "rank N's first iteration N is beyond what its sequence number N and N discarded frames allow": 2000}
+    # A rank whose peer never sends: what waits for it, or is kept open to it, stays bounded.
+    p = Pipeline(expected_ranks=2)
+    p.feed([RawFrame(0, _iteration(0, it, seq=it)) for it in range(2000)])
     completion = p._completion
     assert len(completion._pending) <= 16 and len(completion._partial) <= 16
     assert len(p.analyses()) <= 120 and p.incomplete > 0

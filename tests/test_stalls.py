@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dagtop.demo.launch import DemoJob
+from dagtop.demo.launch import DemoJob, free_port
 from dagtop.model.liveness import LivenessView
 from dagtop.model.pipeline import Pipeline
 from dagtop.recording import read_recording
@@ -110,7 +110,9 @@ def test_a_stopped_rank_is_silent_the_other_waits_in_an_all_reduce_and_a_killed_
 
 
 def test_a_job_started_again_is_shown_restarted(endpoint: str, collector: Any) -> None:
-    first = DemoJob(endpoint, ranks=2)
+    # As torchrun starts a job again: the same run id and rendezvous, its restart count up.
+    same = {"TORCHELASTIC_RUN_ID": "stalls", "MASTER_PORT": str(free_port())}
+    first = DemoJob(endpoint, ranks=2, extra_env={**same, "TORCHELASTIC_RESTART_COUNT": "0"})
     first.start()
     monitor = Monitor(collector)
     try:
@@ -120,7 +122,7 @@ def test_a_job_started_again_is_shown_restarted(endpoint: str, collector: Any) -
         _signal(old[1], signal.SIGKILL)  # a rank dies; torchrun stops the others and starts them all again
     finally:
         first.stop()
-    again = DemoJob(endpoint, ranks=2)
+    again = DemoJob(endpoint, ranks=2, extra_env={**same, "TORCHELASTIC_RESTART_COUNT": "1"})
     again.start()
     try:
         new = {rank: _pid(again, rank) for rank in (0, 1)}
@@ -128,9 +130,12 @@ def test_a_job_started_again_is_shown_restarted(endpoint: str, collector: Any) -
                            WAIT_S)
         view = monitor.wait_for(lambda v: {r.rank for r in v.restarted} == {0, 1}
                                 and all(r.iteration is not None for r in v.restarted), "both ranks restarted")
+        [_, run] = monitor.pipeline.snapshot().runs  # a new run, numbered on from the first one's last iteration
+        assert run.restart == 1 and run.after is not None and run.first_iteration == run.after + 1
         assert {(r.rank, r.old_pid, r.new_pid, r.iteration) for r in view.restarted} == \
-            {(rank, old[rank], new[rank], 0) for rank in (0, 1)}
+            {(rank, old[rank], new[rank], run.first_iteration) for rank in (0, 1)}
         assert "ranks 0-1 restarted" in view.line()
+        assert "restart 1 at " in monitor.pipeline.snapshot().job_line
     finally:
         again.stop()
 

@@ -42,13 +42,14 @@ def test_python_m_instrument_wire_docs_prints_the_tables() -> None:
 
 def test_every_documented_key_is_one_the_codec_writes() -> None:
     """Each frame's table lists exactly the keys its encoder writes, in their order on the wire."""
-    frames = [
-        wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "1 block: M"),
-        wire.IterationBatch(0, 0, 0, (), 0),
-        wire.Buckets(0, 0, ()),
-        wire.Bye(0, 0, 0, 0),
+    frames = [  # every field added after the fact set, or it is left off the wire
+        wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "1 block: M", "run", "m:1", 1, 1, 7),
+        wire.IterationBatch(0, 0, 0, (), 0, 1, 7),
+        wire.Buckets(0, 0, (), 7),
+        wire.Bye(0, 0, 0, 0, 1, 7),
         wire.Telemetry(0, 0, "h", 0, 0, wire.HostStats(None, None, None, None),
-                       wire.GpuStats(0, "g", None, None, None, None, None, None)),
+                       wire.GpuStats(0, "g", None, None, None, None, None, None), sender=7),
+        wire.Heartbeat(0, 0, 0, "", 0, 1, 7),
     ]
     docs = markdown()
     for frame in frames:
@@ -108,12 +109,15 @@ _count = st.integers(0, 2**63 - 1)
 
 
 @settings(max_examples=200, deadline=None)
-@given(_count, st.integers(0, 1 << 20), _count, st.lists(_event, max_size=20), _count)
+@given(_count, st.integers(0, 1 << 20), _count, st.lists(_event, max_size=20), _count, st.sampled_from([0, 1, 2**40]),
+       st.sampled_from([0, 1, 2**31 - 1]))
 def test_the_shims_iteration_encoder_writes_what_the_frame_encoder_writes(
-        seq: int, rank: int, iteration: int, events: list[tuple[object, ...]], dropped: int) -> None:
+        seq: int, rank: int, iteration: int, events: list[tuple[object, ...]], dropped: int, dropped_queue: int,
+        sender: int) -> None:
     """encode_iteration skips building the frame, not the layout: the same bytes, decoding to the same frame."""
-    frame = wire.IterationBatch(seq, rank, iteration, tuple(wire.Event(*e) for e in events), dropped)  # type: ignore[arg-type]
-    payload = wire.encode_iteration(seq, rank, iteration, events, dropped)
+    frame = wire.IterationBatch(seq, rank, iteration, tuple(wire.Event(*e) for e in events), dropped,  # type: ignore[arg-type]
+                                dropped_queue, sender)
+    payload = wire.encode_iteration(seq, rank, iteration, events, dropped, dropped_queue, sender)
     assert payload == wire.encode(frame)
     assert wire.decode(payload) == frame
 

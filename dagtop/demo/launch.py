@@ -84,7 +84,7 @@ class DemoJob:
     def start(self) -> None:
         if self._procs:
             raise RuntimeError("the demo job is already started")
-        master_port = str(free_port())
+        master_port = self.extra_env.get("MASTER_PORT") or str(free_port())  # given: the job started again
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         for rank in range(self.ranks):
             env = {**HOST_MEMORY_REUSE, **os.environ, **self.extra_env}

@@ -111,19 +111,19 @@ def import_traces(paths: Sequence[str]) -> Imported:
                       for it, evs in sorted(r.events.items())}
         first = min((evs[0].start_ns for evs in iterations.values() if evs), default=0)
         units = f"{len(r.units)} {'modules' if r.by_module else 'operator groups'}: {', '.join(r.units)}"
-        hello = wire.Hello(seq=0, rank=rank, world=world, local_rank=rank, host=r.trace.host, pid=r.trace.pid,
+        numbered = [it for it, evs in iterations.items() if evs]
+        # Sequence numbers as a shim would have spent them: one per iteration, the hello just before the first.
+        hello = wire.Hello(seq=numbered[0] if numbered else 0, rank=rank, world=world, local_rank=rank, host=r.trace.host, pid=r.trace.pid,
                            device="cuda" if r.gpu else "cpu", torch="", model=f"imported: {r.trace.path.name}"[:256],
                            params=0, granularity="module" if r.by_module else "operator", wall_ns=base + first,
                            mono_ns=first, units=units[:255] + "…" if len(units) > 256 else units)
         frames = [(first, wire.encode(hello))]
-        seq = 1
-        for it, evs in iterations.items():
-            if not evs:
-                continue
-            frames.append((max(e.end_ns for e in evs), wire.encode_iteration(seq, rank, it, evs, 0)))
-            seq += 1
+        for it in numbered:
+            evs = iterations[it]
+            frames.append((max(e.end_ns for e in evs), wire.encode_iteration(it + 1, rank, it, evs, 0)))
         last = max(t for t, _ in frames)
-        frames.append((last, wire.encode(wire.Bye(seq=seq, rank=rank, iterations=seq - 1, dropped=0))))
+        after = numbered[-1] + 1 if numbered else 0
+        frames.append((last, wire.encode(wire.Bye(seq=after + 1, rank=rank, iterations=after, dropped=0))))
         frames_per_rank[rank] = frames
         timed.extend((t, i, payload) for i, (t, payload) in enumerate(frames))
     # Frames in the order they would have arrived: each when its iteration ended (a rank's own order kept).

@@ -22,25 +22,33 @@ from dagtop.model.whatif import CommFit, transfers
 from dagtop.recording import RawFrame
 from instrument import wire
 
-_REMEMBERED = 4096
+_REMEMBERED = 65_536
 """Analysed iteration numbers remembered, to recognise frames that come after their iteration was analysed."""
-MAX_PENDING = 256
+MAX_PENDING = 4096
 """Iterations waiting for their frames at most; past this, or past :data:`PENDING_BYTES`, the oldest is given up
 on at once (a sender whose iteration numbers jump about must not grow the monitor's memory)."""
 PENDING_BYTES = 256 * 1024 * 1024
 """Bytes of frames (as received) held in waiting iterations, at most."""
+MAX_LATE = 65_536
+LATE_BYTES = 128 * 1024 * 1024
+"""Iterations given up on while a rank's frame was missing are kept, up to this many and these bytes of frames (as
+received), so that a frame arriving late still completes its iteration: memory, not a fixed time, bounds how late
+a frame may be (on a link that drops packets, TCP delivers some many seconds late). Past it, the oldest go."""
 
 
 def missing(admission: Admission, iteration: int, have: Iterable[int]) -> set[int]:
-    """The ranks whose frame of ``iteration`` is still awaited: every rank below the world size that had not
-    said bye before it (a bye counts the iterations the rank ran), less the ranks in ``have``.
+    """The ranks whose frame of ``iteration`` is still awaited: every rank below the world size of the run the
+    iteration belongs to that had not said bye before it (a bye counts the iterations the rank ran), less the
+    ranks in ``have``.
 
-    An iteration is complete when none is missing. The world size and the byes are the admission's, so an
+    An iteration is complete when none is missing. The runs, world sizes and byes are the admission's, so an
     iteration complete for ``record`` is complete on the screen and in ``report``.
     """
-    ranks = admission.ranks
-    expected = {r for r in range(admission.world or 0)
-                if not ((s := ranks.get(r)) and s.bye and s.bye.iterations <= iteration)}
+    run = admission.run_of(iteration)
+    if run is None:
+        return set()
+    ranks, own = run.ranks, iteration - run.base
+    expected = {r for r in range(run.world) if not ((s := ranks.get(r)) and s.bye and s.bye.iterations <= own)}
     return expected.difference(have)
 
 
@@ -49,9 +57,11 @@ class Completion:
 
     Policy (each counted, never raised):
       * an iteration still missing a rank ``incomplete_after_ns`` after its first frame arrived (monitor clock,
-        so replays behave like the live run), or once every missing rank has moved past it or said bye:
-        analysed alone with ``complete=False``. If the missing frame turns up while the iteration is still
-        retained it is re-analysed; a frame for an iteration already analysed complete is rejected;
+        so replays behave like the live run), once every missing rank's process has moved past it (a rank's
+        frames come in order: the one missing is lost) or said bye, or once a newer run has begun: analysed
+        with what came, ``complete=False``. It stays open to late frames (up to MAX_LATE iterations and
+        LATE_BYTES of frames): the missing frame, when it comes, completes and re-analyses it, and it is no longer
+        counted incomplete. A frame for an iteration already analysed complete, or let go, is rejected;
       * past MAX_PENDING waiting iterations or PENDING_BYTES of their frames, the oldest is given up on at once;
       * past ``window`` analyses the oldest leave; past ``task_budget`` tasks across the window the oldest
         analyses give up their ``tasks`` (memory).
@@ -84,6 +94,9 @@ class Completion:
         self._first_received: dict[int, int] = {}
         self._analysed: OrderedDict[int, bool] = OrderedDict()
         self._partial: dict[int, dict[int, Sequence[wire.Event]]] = {}
+        """Iterations analysed incomplete, kept open to their late frames (their frames, by rank)."""
+        self._partial_bytes: dict[int, int] = {}
+        self._partial_total = 0
         self._tasks_kept = 0
         self._comm = CommFit()
         self._interference = InterferenceFit()
@@ -93,10 +106,14 @@ class Completion:
         it, r = frame.iteration, frame.rank
         if it in self._partial:
             self._partial[it][r] = frame.events
+            self._partial_bytes[it] += len(raw.payload)
+            self._partial_total += len(raw.payload)
             self._reanalyse(it)
+            self._bound_partial()
             return
         if it in self._analysed:
-            self._admission.reject(f"iteration {it} of rank {r} came after the iteration was analysed")
+            self._admission.reject(f"iteration {it} of rank {r} came after the monitor had let the iteration go "
+                                   "(past what it keeps open to late frames)")
             return
         self._pending.setdefault(it, {})[r] = frame.events
         self._first_received.setdefault(it, raw.received_ns)
@@ -107,14 +124,17 @@ class Completion:
 
     def settle(self, now_ns: int) -> None:
         """Analyse every pending iteration that is complete, or given up on at monitor time ``now_ns``."""
-        ranks = self._admission.ranks
+        admission = self._admission
         for it in sorted(self._pending):
-            absent = missing(self._admission, it, self._pending[it])
+            absent = missing(admission, it, self._pending[it])
+            run = admission.run_of(it)
+            ranks = run.ranks if run is not None else {}
             gone = all(
                 (s := ranks.get(r)) is not None and s.last_iteration is not None and s.last_iteration > it
                 for r in absent
             )
-            if not absent or gone or now_ns - self._first_received[it] > self.incomplete_after_ns:
+            ended = run is not None and run.end is not None  # a newer run began: these processes are gone
+            if not absent or gone or ended or now_ns - self._first_received[it] > self.incomplete_after_ns:
                 self._analyse_pending(it)
 
     def finish(self) -> None:
@@ -125,7 +145,8 @@ class Completion:
     def _analyse_pending(self, it: int) -> None:
         events = self._pending.pop(it)
         self._first_received.pop(it, None)
-        self._pending_total -= self._pending_bytes.pop(it, 0)
+        nbytes = self._pending_bytes.pop(it, 0)
+        self._pending_total -= nbytes
         complete = not missing(self._admission, it, events)
         analysis = self._analyse(it, events, complete)
         if analysis is None:
@@ -133,14 +154,32 @@ class Completion:
         if not complete:
             self.incomplete += 1
             self._partial[it] = dict(events)
-            if len(self._partial) > MAX_PENDING:  # kept for late frames; the oldest are the least likely to get one
-                del self._partial[min(self._partial)]
+            self._partial_bytes[it] = nbytes
+            self._partial_total += nbytes
         self._remember(it)
         self._insert(analysis)
+        self._bound_partial()
+
+    def _bound_partial(self) -> None:
+        """Past MAX_LATE iterations or LATE_BYTES kept open to late frames, the oldest are let go (the least likely
+        to get one)."""
+        while self._partial and (len(self._partial) > MAX_LATE or self._partial_total > LATE_BYTES):
+            self._let_go(min(self._partial))
+
+    def _let_go(self, it: int) -> None:
+        if self._partial.pop(it, None) is not None:
+            self._partial_total -= self._partial_bytes.pop(it, 0)
 
     def _reanalyse(self, it: int) -> None:
         events = self._partial[it]
         complete = not missing(self._admission, it, events)
+        analyses = self.analyses
+        if self.window is not None and len(analyses) >= self.window and analyses and it < analyses[0].iteration:
+            # Out of the window already: nothing to show again, only the count to mend.
+            if complete:
+                self.incomplete -= 1
+                self._let_go(it)
+            return
         analysis = self._analyse(it, events, complete)
         if analysis is None:
             return
@@ -150,7 +189,7 @@ class Completion:
             del self.analyses[i]
         if complete:
             self.incomplete -= 1
-            del self._partial[it]
+            self._let_go(it)
         self._insert(analysis)
 
     def _analyse(self, it: int, events: dict[int, Sequence[wire.Event]], complete: bool) -> IterationAnalysis | None:
@@ -159,18 +198,22 @@ class Completion:
             return None
         self._clocks.observe(events)
         offsets = self._clocks.offsets(ranks)
-        states = self._admission.ranks
-        previous = {r: end + offsets[r] for r in ranks if (end := states[r].update_end.get(it - 1)) is not None}
+        run = self._admission.run_of(it)
+        states = run.ranks if run is not None else {}
+        warm_up = it - (run.base if run is not None else 0) < WARM_UP
+        previous = {r: end + offsets[r] for r in ranks
+                    if (s := states.get(r)) is not None and (end := s.update_end.get(it - 1)) is not None}
         try:
             analysis = analyse(it, events, offsets, previous, complete, self._comm.model(),
-                               interference=self._interference, learn=it >= WARM_UP,
+                               interference=self._interference, learn=not warm_up,
                                bandwidth_gbps=self.bandwidth_gbps, suspect=self._suspect(it))
         except Exception as exc:  # noqa: BLE001 - a model bug must not take the monitor down
             self._admission.reject(f"iteration {it} could not be analysed: {type(exc).__name__}: {exc}")
             return None
+        analysis = dataclasses.replace(analysis, warm_up=warm_up)
         if complete and self._stalled is not None and self._stalled(it, analysis.measured_ms):
             return dataclasses.replace(analysis, stalled=True)  # its collectives waited for the stall: not the fit's
-        if it >= WARM_UP:  # warm-up buckets are not the job's: keep them out of the fit
+        if not warm_up:  # warm-up buckets are not the job's: keep them out of the fit
             for count, nbytes, seconds in transfers(analysis.collectives):
                 self._comm.add(len(analysis.ranks), nbytes, seconds, count)
         return analysis
@@ -191,7 +234,7 @@ class Completion:
         self._analysed[it] = True
         while len(self._analysed) > _REMEMBERED:
             old, _ = self._analysed.popitem(last=False)
-            self._partial.pop(old, None)
+            self._let_go(old)
 
     def _insert(self, analysis: IterationAnalysis) -> None:
         keys = [a.iteration for a in self.analyses]
@@ -204,7 +247,6 @@ class Completion:
             while len(self.analyses) > self.window:
                 old = self.analyses.pop(0)
                 self._tasks_kept -= len(old.tasks)
-                self._partial.pop(old.iteration, None)
         i = 0
         while self._tasks_kept > self.task_budget and i < len(self.analyses) - 1:
             a = self.analyses[i]

@@ -1,13 +1,18 @@
 """Liveness: which ranks are silent, gone or restarted, and while the job is stalled who holds it and where the
 others wait.
 
-Judged on the monitor's clock (frames' ``received_ns``) from every frame a rank sends, heartbeats above all
-(``heartbeat``: the task a rank has open, about every second, sent by its publisher thread even while training
-is stuck). Ranks that send no heartbeats (older shims) are judged by their hellos and telemetry, every 2 s.
+Silence is judged on the monitor's clock (frames' ``received_ns``) from every frame a rank sends, heartbeats above
+all (``heartbeat``: the task a rank has open, about every second, sent by its publisher thread even while
+training is stuck). Ranks that send no heartbeats (older shims) are judged by their hellos and telemetry, every 2 s.
+Stalls are judged on the ranks' own clocks: a heartbeat says when it was sent (``mono_ns``), an iteration when
+its last task ended, so frames that arrive late, or all at once after the monitor or the way to it was down, say
+whether the job itself stopped. Silence of every rank at once is said as such, never as a stall.
 
-* **stalled**: no iteration completed on every rank for :data:`STALL_FACTOR` times the median iteration (and at
-  least :data:`STALL_MIN_S`);
+* **stalled**: on some rank's clock, no iteration completed for :data:`STALL_FACTOR` times the median iteration
+  (and at least :data:`STALL_MIN_S`), as its heartbeats tell (the monitor's clock for ranks whose heartbeats do
+  not carry theirs);
 * **silent**: nothing heard from a rank for :data:`SILENT_AFTER_S` (twice that without heartbeats);
+* **unheard**: every rank silent: the job, or the way to it, is down (not a stall: nothing says the job stopped);
 * **holder**: while stalled, a rank that keeps the others waiting: one silent, or one heard from outside any
   collective while others wait in one (``rank 1 holds the job: in loader next for 38 s · rank 0 waiting in
   all-reduce bucket 0``). A collective waits for every rank: the ranks not in it are the ones it waits for;
@@ -127,10 +132,14 @@ class LivenessView:
     """(rank, why): ``said bye`` (only while other ranks go on), ``process gone``."""
     restarted: tuple[Restart, ...] = ()
     """The latest restart of each rank restarted within :data:`RESTART_SHOWN_S`."""
+    unheard_s: float = 0.0
+    """How long nothing has come from any rank, when every rank is silent and nothing says the job stalled."""
 
     def line(self) -> str:
         """One line for the screen: empty while all is well."""
         parts = []
+        if self.unheard_s:
+            parts.append(f"nothing heard from any rank for {self.unheard_s:.0f} s (the job, or the way to it, is down)")
         if self.stalled_s:
             groups: dict[tuple[bool, str], tuple[list[int], list[Holder]]] = {}
             for h in self.holders:
@@ -211,6 +220,14 @@ class _Rank:
     task: str = ""
     bye: bool = False
     dead: bool = False
+    clock_ns: int = 0
+    """The latest time heard from it on its own clock (heartbeats, hellos, iterations' ends, telemetry)."""
+    since_ns: int = 0
+    """Its last progress on its own clock: its last iteration's end (or the first time heard from it)."""
+    since_received_ns: int = 0
+    """The same on the monitor's clock: when that iteration's frame came (or the first frame)."""
+    rank_clock: bool = False
+    """Its heartbeats carry its clock: its stalls are judged on it (else on the monitor's, by arrival)."""
     restart: int | None = None
     """Key of this rank's restart whose first iteration has not come yet."""
 
@@ -223,11 +240,10 @@ class Liveness:
         self._alive = alive
         self._host = socket.gethostname()
         self._ranks: dict[int, _Rank] = {}
-        self._progress_ns = 0
         self._progress_it = -1
-        self._iteration_ns = 0
-        """When the newest iteration frame came."""
+        """The last iteration done on every rank, as of the last look."""
         self._intervals: deque[int] = deque(maxlen=20)
+        """The latest iterations' durations on their ranks' clocks (ns)."""
         self._stalls: dict[int, Stall] = {}
         self._open: int | None = None
         """Key of the stall under way, while it lasts."""
@@ -239,21 +255,25 @@ class Liveness:
         self._assessed_ns = 0
         self._pids_ns = 0
 
-    def take(self, frame: wire.Frame, received_ns: int) -> None:
+    def take(self, frame: wire.Frame, received_ns: int, ended_ns: int | None = None) -> None:
         """One frame admitted from a rank, received at ``received_ns``; judges first if a judgement is due, so that
-        a rank heard again after a silence is judged silent up to that frame (the replay of a recording)."""
+        a rank heard again after a silence is judged silent up to that frame (the replay of a recording).
+        ``ended_ns``: for an iteration, the end of its last task on the rank's clock, if the caller has it already
+        (else it is read from the events)."""
         self.tick(received_ns)
         r = self._ranks.setdefault(frame.rank, _Rank())
         r.heard_ns = max(r.heard_ns, received_ns)
-        if not self._progress_ns:
-            self._progress_ns = received_ns
         if isinstance(frame, wire.Hello):
             if r.pid is not None and frame.pid != r.pid:
                 self._restarted(frame.rank, r, frame.pid, received_ns)
             r.pid, r.host, r.bye, r.dead = frame.pid, frame.host, False, False
+            self._clock(r, frame.mono_ns, received_ns)
         elif isinstance(frame, wire.Heartbeat):
             r.heartbeats, r.iteration, r.task = True, frame.iteration, frame.task
             r.beat_ns, r.open_ms = received_ns, frame.open_ms
+            if frame.mono_ns:
+                r.rank_clock = True
+            self._clock(r, frame.mono_ns, received_ns)
         elif isinstance(frame, wire.IterationBatch):
             if frame.iteration < r.done and r.pid is not None:  # same pid, iterations reset: a restart in place
                 self._restarted(frame.rank, r, r.pid, received_ns)
@@ -261,14 +281,31 @@ class Liveness:
                 if r.restart in self._restarts:
                     self._restarts[r.restart] = _replace(self._restarts[r.restart], iteration=frame.iteration)
                 r.restart = None
+            if ended_ns is None:
+                ended_ns = max(wire.EventColumns.of(frame.events).end_ns) if frame.events else 0
+            ended = ended_ns
+            self._clock(r, ended, received_ns)
+            if frame.iteration > r.done:
+                since, now = (r.since_ns, ended) if r.rank_clock and ended else (r.since_received_ns, received_ns)
+                if r.done >= 0 and now > since:
+                    self._intervals.append((now - since) // (frame.iteration - r.done))
+                r.since_ns, r.since_received_ns = ended or r.clock_ns, received_ns
             r.done = max(r.done, frame.iteration)
             r.iteration = max(r.iteration, frame.iteration + 1)
             if not r.heartbeats:  # no heartbeat to say where it is: after the last task it sent
                 last = _last_task(frame.events)
                 r.task, r.beat_ns, r.open_ms = (f"after {last}" if last else ""), received_ns, 0
-            self._iteration_ns = max(self._iteration_ns, received_ns)
         elif isinstance(frame, wire.Bye):
             r.bye = True
+        elif isinstance(frame, wire.Telemetry):
+            self._clock(r, frame.mono_ns, received_ns)
+
+    @staticmethod
+    def _clock(r: _Rank, rank_ns: int, received_ns: int) -> None:
+        """Note a time heard from ``r``: ``rank_ns`` on its clock (0: not said), ``received_ns`` on the monitor's."""
+        r.clock_ns = max(r.clock_ns, rank_ns)
+        r.since_ns = r.since_ns or rank_ns
+        r.since_received_ns = r.since_received_ns or received_ns
 
     def tick(self, now_ns: int, check_pids: bool = False) -> None:
         """:meth:`assess` if the last judgement is :data:`ASSESS_EVERY_NS` old, or pids are to be looked up and the
@@ -296,8 +333,12 @@ class Liveness:
         silent = [(rank, (now_ns - r.heard_ns) / 1e9, r) for rank, r in sorted(live.items())
                   if now_ns - r.heard_ns > _silent_after(r) * 1e9]
         progressed = self._progress(live)
-        quiet_ns = now_ns - self._progress_ns if self._progress_ns else 0
+        # How long each rank has gone without an iteration, as far as what came from it tells: on its own clock
+        # (up to its latest heartbeat), or on the monitor's for a rank whose heartbeats do not carry its clock.
+        quiet_ns = max((r.clock_ns - r.since_ns if r.rank_clock and r.since_ns else now_ns - r.since_received_ns
+                        for r in live.values() if r.since_received_ns), default=0)
         stalled = bool(live) and quiet_ns > self.threshold_s() * 1e9
+        unheard = bool(live) and len(silent) == len(live) and not stalled
         holders: list[Holder] = []
         waiting: Waiting = ()
         if stalled:
@@ -317,6 +358,7 @@ class Liveness:
             holders=tuple(holders),
             gone=tuple(gone),
             restarted=self._recent_restarts(now_ns),
+            unheard_s=min(silent_s for _, silent_s, _ in silent) if unheard else 0.0,
         )
         return self.view
 
@@ -404,18 +446,16 @@ class Liveness:
         r.restart = self._number(self._restarts, RESTARTS_KEPT)
         self._restarts[r.restart] = Restart(rank, r.pid or 0, new_pid, None, now_ns)
         r.done, r.iteration, r.task = -1, 0, ""
+        r.clock_ns = r.since_ns = r.since_received_ns = 0  # a new process: a clock of its own
         self._progress_it = min((x.done for x in self._ranks.values()), default=-1)
 
     def _progress(self, live: dict[int, _Rank]) -> bool:
-        """If every rank has done a further iteration since the last look, the job progressed (then, near enough:
-        when the newest iteration frame came); whether it did. Looked at in :meth:`assess` (O(ranks)), not per
-        frame."""
+        """Whether every rank has done a further iteration since the last look (the job progressed). Looked at in
+        :meth:`assess` (O(ranks)), not per frame."""
         done = min((r.done for r in live.values()), default=-1)
         if done <= self._progress_it:
             return False
-        if self._progress_it >= 0:
-            self._intervals.append((self._iteration_ns - self._progress_ns) // (done - self._progress_it))
-        self._progress_it, self._progress_ns = done, self._iteration_ns
+        self._progress_it = done
         return True
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 from collections.abc import Iterable
@@ -9,6 +10,7 @@ from collections.abc import Iterable
 from dagtop.model.admission import Admission, RankState
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.completion import Completion
+from dagtop.model.jobs import describe_job
 from dagtop.model.liveness import Liveness
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
 from dagtop.recording import RawFrame
@@ -16,6 +18,10 @@ from instrument import wire
 
 TASK_BUDGET = 2_000_000
 """Tasks kept across the retained analyses; past it the oldest analyses give up their ``tasks`` (memory)."""
+RUN_SHOWN_S = 60.0
+"""The screen says a run began (a restart) for this long."""
+OTHER_JOB_SHOWN_S = 10.0
+"""The screen says a second job publishes here for this long after its last frame."""
 
 
 class Pipeline:
@@ -35,6 +41,8 @@ class Pipeline:
         self._completion = Completion(self._admission, self._clocks, window, int(incomplete_after_s * 1e9),
                                       TASK_BUDGET, bandwidth_gbps, self.liveness.settle)
         self._finished = False
+        self._now_ns = 0
+        """The monitor's clock as of the latest feed or expiry."""
         self._snapshot: Snapshot | None = None
         self._telemetry_shown: tuple[wire.Telemetry, ...] = ()
 
@@ -45,7 +53,9 @@ class Pipeline:
         with self._lock:
             for raw in frames:
                 for admitted, frame in self._admission.admit(raw):
-                    self.liveness.take(frame, admitted.received_ns)
+                    if (s := self._admission.jobs.current(frame)) is not None:  # not a late one of an earlier run
+                        ended = s.update_end.get(frame.iteration) if isinstance(frame, wire.IterationBatch) else None
+                        self.liveness.take(frame, admitted.received_ns, ended)
                     if isinstance(frame, wire.Hello):
                         self._clocks.hello(frame)
                     elif isinstance(frame, wire.IterationBatch):
@@ -59,6 +69,7 @@ class Pipeline:
         with self._lock:
             self._completion.settle(now_ns)
             self.liveness.tick(now_ns, check_pids=True)  # live: the pids of ranks on this host are current
+            self._now_ns = max(self._now_ns, now_ns)
             self._snapshot = None
 
     def finish(self) -> None:
@@ -112,7 +123,7 @@ class Pipeline:
         recent = [a.measured_ms for a in analyses[-10:] if a.complete and a.measured_ms > 0]
         notes = list(self._clocks.notes())
         if admission.held:
-            notes.append(f"{len(admission.held)} frames held until a hello says how many ranks there are")
+            notes.append(f"{len(admission.held)} frames held until their process says hello (or one sizes the world)")
         # Ranks on one host share their clock's offset: looked up once a host, not once a rank (each look-up finds
         # the reference host among all the ranks: quadratic in the ranks, 10 ms a snapshot at 1024).
         offsets: dict[str | None, int] = {}
@@ -120,6 +131,11 @@ class Pipeline:
             host = self._clocks.host.get(r)
             if host not in offsets:
                 offsets[host] = self._clocks.offset(r)
+        liveness = self.liveness.view
+        run = admission.jobs.run
+        if liveness.restarted and run is not None and run.number and \
+                max(self._now_ns, admission.received_ns) - run.opened_ns <= RUN_SHOWN_S * 1e9:
+            liveness = dataclasses.replace(liveness, restarted=())  # the run's line says it for all of them
         return Snapshot(
             iterations=tuple(analyses),
             ranks=tuple(self._rank_info(r, s, dead, offsets[self._clocks.host.get(r)])
@@ -134,8 +150,28 @@ class Pipeline:
             finished=self._finished,
             notes=tuple(notes),
             telemetry=self._latest_telemetry(),
-            liveness=self.liveness.view,
+            liveness=liveness,
+            losses=admission.losses,
+            runs=admission.jobs.run_infos(),
+            job_line=self._job_line(),
         )
+
+    def _job_line(self) -> str:
+        """A restart within :data:`RUN_SHOWN_S`, and a second job heard within :data:`OTHER_JOB_SHOWN_S`."""
+        admission = self._admission
+        now = max(self._now_ns, admission.received_ns)
+        parts = []
+        run = admission.jobs.run
+        if run is not None and run.number and now - run.opened_ns <= RUN_SHOWN_S * 1e9:
+            parts.append(admission.jobs.run_infos()[-1].line())
+        others = admission.jobs.other_jobs_heard(now, OTHER_JOB_SHOWN_S)
+        if len(others) == 1:
+            parts.append(f"a second job is publishing here: {others[0].frames} frames refused "
+                         f"({describe_job(others[0].key)})")
+        elif others:
+            parts.append(f"{len(others)} other jobs are publishing here: {sum(j.frames for j in others)} frames "
+                         "refused")
+        return " · ".join(parts)
 
     def _latest_telemetry(self) -> tuple[wire.Telemetry, ...]:
         """Every rank's latest telemetry by host then rank; the same tuple until one changes (the panel redraws

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 from dagtop.model.change import Change
+from dagtop.model.jobs import Losses, RunInfo
 from dagtop.model.liveness import LivenessView
 from dagtop.model.tasks import Tasks
 from instrument.wire import Telemetry
@@ -293,6 +294,14 @@ class IterationAnalysis:
     """The compute slow-down under collectives fitted up to this iteration, per lane, that its what-ifs used."""
     network: AlphaBeta | None = None
     """The α-β fit the scaling what-ifs used (None with one rank, or before any collective was timed)."""
+    warm_up: bool | None = None
+    """Whether it is one of its run's first :data:`WARM_UP` iterations (a restarted job warms up again); None: by
+    its number alone (hand-built analyses)."""
+
+    @property
+    def in_warm_up(self) -> bool:
+        """One of the first :data:`WARM_UP` iterations of its run: not the job's steady state."""
+        return self.iteration < WARM_UP if self.warm_up is None else self.warm_up
 
     def __post_init__(self) -> None:
         if not isinstance(self.tasks, Tasks):  # hand-built (tests): group them here, once
@@ -327,7 +336,7 @@ class Snapshot:
     ranks_expected: int
     iterations_per_s: float
     dropped: int
-    """Events or frames lost: reported in band by the ranks plus gaps in their sequence numbers."""
+    """Frames lost after the monitor first heard their rank, at the rank or on the way (:attr:`losses`)."""
     rejected: int
     """Frames the monitor refused (malformed, wrong wire version, unknown rank)."""
     last_rejection: str | None
@@ -344,6 +353,12 @@ class Snapshot:
     when the ranks send none: a shim older than the telemetry frame)."""
     liveness: LivenessView = field(default=LivenessView())
     """Silent, gone and restarted ranks, and where the others wait while an iteration is stalled."""
+    losses: Losses = field(default=Losses())
+    """What never arrived, by reason."""
+    runs: tuple[RunInfo, ...] = field(default=())
+    """The followed job's runs (a restart begins a new one), oldest first."""
+    job_line: str = ""
+    """What the screen says of the job itself for a while: a restart just now, a second job publishing here."""
 
     @property
     def latest(self) -> IterationAnalysis | None:

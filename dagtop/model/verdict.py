@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from dagtop.model import straggler
-from dagtop.model.snapshot import GATHER, WARM_UP, IterationAnalysis, SteadyVerdict
+from dagtop.model.snapshot import GATHER, IterationAnalysis, SteadyVerdict
 from dagtop.model.stats import median_interval
 
 WINDOW: Final = 20
@@ -46,7 +46,7 @@ a lead of two points, however regular, is no bottleneck to act on rather than it
 
 def counts(a: IterationAnalysis) -> bool:
     """Whether an iteration counts towards the verdict: complete, not empty, past warm-up, not stalled."""
-    return a.complete and a.measured_ms > 0 and a.iteration >= WARM_UP and not a.stalled
+    return a.complete and a.measured_ms > 0 and not a.in_warm_up and not a.stalled
 
 
 def fold(analyses: Sequence[IterationAnalysis], start: int) -> list[IterationAnalysis]:

@@ -19,10 +19,20 @@ import torch.distributed as dist
 
 
 def start(seed: int = 0) -> tuple[int, int]:
-    """Join the gloo process group; (rank, world). One thread per rank: two ranks share two cores."""
+    """Join the gloo process group; (rank, world). One thread per rank: two ranks share two cores.
+
+    Under torchrun's default (static) rendezvous a restarted incarnation meets in the store of the one before
+    (torch 2.13 keeps the agent's TCPStore across restarts and its workers add no prefix): gloo can then read a dead
+    process's address and wait on it for good. Each incarnation here meets under a prefix of its own."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    dist.init_process_group("gloo")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+        store = dist.PrefixStore(f"incarnation-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    else:
+        dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
 
 

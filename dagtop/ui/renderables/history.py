@@ -9,7 +9,7 @@ from rich.segment import Segment as RichSegment
 from rich.style import Style
 from rich.text import Text
 
-from dagtop.model.snapshot import WARM_UP, IterationAnalysis
+from dagtop.model.snapshot import IterationAnalysis
 from dagtop.ui.palette import STACK_ORDER, colour
 from dagtop.ui.renderables.cells import Cell, cells_to_text
 
@@ -69,7 +69,7 @@ def history_lines(analyses: Sequence[IterationAnalysis], width: int, height: int
     shown = list(analyses)[-plot_w:]
     widths = bar_widths(len(shown), plot_w)
     # Warm-up iterations do not set the scale (a taller bar is clipped): they would flatten every other bar.
-    steady = [a.measured_ms for a in shown if a.iteration >= WARM_UP] or [a.measured_ms for a in shown]
+    steady = [a.measured_ms for a in shown if not a.in_warm_up] or [a.measured_ms for a in shown]
     peak = max(steady, default=0.0)
     scale = rows / peak if peak > 0 else 0.0
     columns = [_column(stack_ms(a), scale, rows) if a.measured_ms > 0 else [(" ", "")] * rows for a in shown]

@@ -13,11 +13,12 @@ from dagtop.ui.widgets.panel import Panel
 
 class Verdict(Panel):
     """Three lines: the headline (steady over recent iterations, then the one on screen), the iteration's critical
-    path in proportion, the legend with its shares. While a rank is silent, gone or restarted, that takes the
-    headline's place: ``rank 3 silent 42 s (last: backward layers.3) · ranks 0-2, 4-7 waiting in all-reduce …``."""
+    path in proportion, the legend with its shares. While a rank is silent, gone or restarted, or the job has just
+    restarted, or a second job publishes here, that takes the headline's place: ``rank 3 silent 42 s (last:
+    backward layers.3) · ranks 0-2, 4-7 waiting in all-reduce …``."""
 
     def drawn_from(self, view: View) -> tuple[object, ...]:
-        return (*super().drawn_from(view), view.snapshot.liveness.line())  # seconds silent: redrawn each second
+        return (*super().drawn_from(view), _said(view))  # seconds silent: redrawn each second
 
     def draw(self, view: View) -> RenderableType:
         a = view.analysis
@@ -31,8 +32,12 @@ class Verdict(Panel):
                                                   style="bold"), Text(""), legend())
 
 
+def _said(view: View) -> str:
+    return " · ".join(part for part in (view.snapshot.liveness.line(), view.snapshot.job_line) if part)
+
+
 def _liveness(view: View) -> Text | None:
-    said = view.snapshot.liveness.line()
+    said = _said(view)
     if not said:
         return None
     line = Text(said, style=f"bold {STRAGGLER_COLOUR}")
