@@ -24,6 +24,11 @@ QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
 
 SNDHWM: Final = 1000
+SNDBUF_BYTES: Final = 16 * 1024
+"""The kernel's send buffer for a rank's connection (Linux doubles it: ~50 iteration frames of a small model). A
+connection cut after :data:`UNACKED_TIMEOUT_MS` loses what its kernel buffer held, and left to itself that buffer
+grows to megabytes when the link is slow or the monitor stopped; kept small, the frames wait in ZeroMQ's queue
+(:data:`SNDHWM`) instead, which outlives the connection. One rank's frames need far less than it carries."""
 GPU_POLL_S: Final = 0.02
 """While an iteration's CUDA events have not run yet, how often the publisher thread looks again. Otherwise it
 sleeps until something is enqueued, a monitor subscribes, or a hello or calibration is due."""
@@ -233,6 +238,7 @@ class Publisher:
             sock.setsockopt(zmq.XPUB_NODROP, 1)
             sock.setsockopt(zmq.SNDHWM, SNDHWM)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDBUF, SNDBUF_BYTES)
             reconnect_quickly(sock)
             auth = self._auth = os.environ.get(AUTH_ENV, "")
             if auth:
