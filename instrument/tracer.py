@@ -174,6 +174,8 @@ class Tracer:
         self._optimizers: list[Any] = []
         self._update_starts: dict[str, Any] = {}
         self._loading: int | None = None
+        self._loader_said: wire.Loader | None = None
+        """The settings of the DataLoader last given to :meth:`loader`, sent with each hello."""
         """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
         self._open_seen: dict[str, int] = {}
         """Open task → when the publisher thread first saw it open, for starts it cannot read as ns (CUDA events)."""
@@ -300,7 +302,11 @@ class Tracer:
     # ------------------------------------------------------------------ the attach API
 
     def loader(self, iterable: Iterable[Any]) -> TimedLoader:
-        """Iterate ``iterable`` timing each wait: ("io", "load", "next", "main")."""
+        """Iterate ``iterable`` timing each wait: ("io", "load", "next", "main"). A DataLoader's settings go out
+        with the next hello (the advisor's input pipeline advice)."""
+        from instrument.loader import describe_loader
+
+        self._loader_said = describe_loader(iterable) or self._loader_said
         return TimedLoader(self, iterable)
 
     def to_device(self, batch: Any, device: Any) -> Any:
@@ -564,7 +570,7 @@ class Tracer:
         if self._comm is not None:
             buckets = self._comm.iteration_done()  # a new map each time DDP rebuilds its buckets
             if buckets is not None:
-                self._publisher.put_buckets(buckets)
+                self._publisher.put_buckets(buckets, self._comm.parameter_bytes)
 
     def _where(self) -> tuple[int, str, int]:
         """The iteration under way, the task open in it and since when: read on the publisher thread for its
@@ -611,7 +617,7 @@ class Tracer:
             torch=torch.__version__, model=self._model_name[: wire.MAX_NAME_CHARS], params=self._params,
             granularity=self.granularity, wall_ns=time.time_ns(), mono_ns=time.perf_counter_ns(),
             units=self._units_said[: wire.MAX_NAME_CHARS], job=self._job.run_id, master=self._job.master,
-            restart=self._job.restart, started_ns=self.started_ns,
+            restart=self._job.restart, started_ns=self.started_ns, loader=self._loader_said,
         )
 
 

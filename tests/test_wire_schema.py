@@ -43,9 +43,10 @@ def test_python_m_instrument_wire_docs_prints_the_tables() -> None:
 def test_every_documented_key_is_one_the_codec_writes() -> None:
     """Each frame's table lists exactly the keys its encoder writes, in their order on the wire."""
     frames = [  # every field added after the fact set, or it is left off the wire
-        wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "1 block: M", "run", "m:1", 1, 1, 7),
+        wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "1 block: M", "run", "m:1", 1, 1, 7,
+                   wire.Loader(2, 32, 100, 2, 1, 0)),
         wire.IterationBatch(0, 0, 0, (), 0, 1, 7),
-        wire.Buckets(0, 0, (), 7),
+        wire.Buckets(0, 0, (wire.Bucket(0, 8, ("a", "b")),), 7, ((4, 4),)),
         wire.Bye(0, 0, 0, 0, 1, 7),
         wire.Telemetry(0, 0, "h", 0, 0, wire.HostStats(None, None, None, None),
                        wire.GpuStats(0, "g", None, None, None, None, None, None), sender=7),
@@ -56,7 +57,7 @@ def test_every_documented_key_is_one_the_codec_writes() -> None:
         m = msgpack.unpackb(wire.encode(frame))
         section = docs.split(f"#### `{frame.KIND}`")[1].split("####")[0]
         documented = re.findall(r"^\| `(\w+)` ", section, flags=re.MULTILINE)
-        nested = [k for k in ("hw", "gpu", "ev") if isinstance(m.get(k), dict)]
+        nested = [k for k in ("hw", "gpu", "ev", "loader") if isinstance(m.get(k), dict)]
         written = [k for k in m if k not in ("v", "k", "seq", "rank")] + [k for n in nested for k in m[n]]
         assert documented == written
 
