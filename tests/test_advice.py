@@ -1,0 +1,158 @@
+"""The advisor: DDP's bucketing rule, the bucket schedule against a simulated re-run, MG-WFBP's merge rule, the
+candidates, and the gate that holds advice back."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import random
+import statistics
+
+import pytest
+
+from dagtop.model import advice as advice_module
+from dagtop.model import buckets as buckets_module
+from dagtop.model.advice import Confidence, Kind, advise, advise_snapshot
+from dagtop.model.buckets import Backward, Layout, ddp_buckets, finish_ns, limits_for, mg_wfbp
+from dagtop.model.pipeline import Pipeline
+from dagtop.model.snapshot import AlphaBeta, Snapshot
+from dagtop.model.synthetic import SyntheticJob, synthetic_frames
+from dagtop.model.verdict import WINDOW
+from instrument import wire
+
+MB = 1 << 20
+
+
+def run(job: SyntheticJob, iterations: int = 40) -> Snapshot:
+    p = Pipeline(window=None)
+    p.feed(synthetic_frames(job, iterations))
+    p.finish()
+    return p.snapshot()
+
+
+def measured(job: SyntheticJob) -> float:
+    return statistics.median(a.measured_ms for a in run(job).iterations[1:])
+
+
+COMM_HEAVY = SyntheticJob(blocks=8, block_bytes=[4 * MB] * 8, backward_ms=40, forward_ms=20, io_ms=1,
+                          allreduce_ms_per_mb=1.0, allreduce_alpha_ms=0.5, jitter=0.02)
+"""Eight 4 MiB blocks whose all-reduces take as long as their backward: DDP's default puts 28 MiB in its last
+bucket, all of it exposed after the backward."""
+
+
+def test_doctests() -> None:
+    for module in (buckets_module, advice_module):
+        assert doctest.testmod(module).failed == 0
+
+
+def test_ddp_buckets_fill_as_torchs_reducer_does() -> None:
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    rng = random.Random(1)
+    for _ in range(200):
+        sizes = [rng.choice([4, 64, 4096, MB, 3 * MB, 4 * MB, 16 * MB]) for _ in range(rng.randint(1, 30))]
+        limits = rng.choice([[MB, 25 * MB], [5 * MB], [1024], [1 << 30], [2 * MB, 3 * MB, MB]])
+        tensors = [torch.empty(s // 4) for s in sizes]
+        theirs, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [False] * len(sizes),
+                                                            list(range(len(sizes))))
+        assert ddp_buckets(sizes, limits) == [len(b) for b in theirs]
+
+
+def test_the_schedule_by_hand() -> None:
+    """Two 1 MB buckets, α = 0, 1 ms per MB at P = 2 (β = 1 ms/MB over 2(P−1)/P = 1): ready at 0 and 0.5 ms, the
+    backward over at 3 ms. The second waits for the first (0–1 ms), runs 1–2 ms: done before the backward."""
+    layout = Layout(("a", "b"), (10**6, 10**6), ("A", "B"), (1, 1))
+    b = Backward(0, {"A": 0, "B": 500_000}, 3_000_000, 3_000_000, 3.0)
+    comm = AlphaBeta(0.0, 1e-9)
+    assert finish_ns(layout, (1, 1), b, comm, 2) == pytest.approx(3_000_000)
+    # One bucket: ready when B is (0.5 ms), 2 ms of all-reduce: 2.5 ms, still inside the backward.
+    assert finish_ns(layout, (2,), b, comm, 2) == pytest.approx(3_000_000)
+    late = Backward(0, {"A": 0, "B": 2_500_000}, 2_500_000, 0, 2.5)
+    assert finish_ns(layout, (1, 1), late, comm, 2) == pytest.approx(3_500_000)  # B: 2.5 → 3.5 ms
+    assert finish_ns(layout, (2,), late, comm, 2) == pytest.approx(4_500_000)  # both from 2.5 ms
+
+
+def test_mg_wfbp_merges_where_the_wait_is_shorter_than_the_latency_it_saves() -> None:
+    """α such that 2(P−1)α = 1 ms at P = 2. Layer b is ready 0.2 ms after a's all-reduce could start: merged
+    (0.2 < 1). Layer c comes 5 ms later, after ab's all-reduce is over: a group of its own."""
+    layout = Layout(("a", "b", "c"), (1000, 1000, 1000), ("A", "B", "C"), (1, 1, 1))
+    b = Backward(0, {"A": 0, "B": 200_000, "C": 5_000_000}, 5_000_000, 0, 6.0)
+    comm = AlphaBeta(0.5e-3, 1e-12)
+    assert mg_wfbp(layout, b, comm, 2) == (2, 1)
+    # With a busy channel, later gradients join the group still waiting for it, however long they take.
+    # a: 0–2 ms. b, ready at 1 ms, waits for the channel until 2 ms; c is ready at 1.5 ms, before b could start.
+    busy = Backward(0, {"A": 0, "B": 1_000_000, "C": 1_500_000}, 1_500_000, 0, 4.0)
+    slow = AlphaBeta(1e-6, 2e-6)  # 1000 bytes: 2 ms each
+    assert mg_wfbp(layout, busy, slow, 2) == (1, 2)
+
+
+def test_per_bucket_limits_rebuild_the_groups() -> None:
+    layout = Layout(tuple("abcd"), (3 * MB, MB, 2 * MB, 5 * MB), ("",) * 4, (4,))
+    caps = limits_for(layout, (2, 2))
+    assert caps == (4.0, 7.0) and layout.counts([int(c * MB) for c in caps]) == (2, 2)
+
+
+def test_a_layout_maps_each_parameter_to_its_longest_timed_unit() -> None:
+    frame = wire.Buckets(0, 0, (wire.Bucket(1, 12, ("layers.1.w", "head.b")), wire.Bucket(0, 4, ("layers.10.w",))),
+                         ((8, 4), (4,)))
+    layout = Layout.of(frame, ["layers.1", "layers.10", "layers", "head"])
+    assert layout is not None
+    assert layout.names == ("layers.10.w", "layers.1.w", "head.b")  # bucket 0 first
+    assert layout.blocks == ("layers.10", "layers.1", "head") and layout.now == (1, 2)
+    assert Layout.of(wire.Buckets(0, 0, frame.buckets), ["head"]) is None  # an older shim: no sizes
+
+
+def test_bucket_advice_predicts_the_re_run_with_the_change() -> None:
+    """On a simulated WFBP job the schedule replays the all-reduces observed, and the grouping it advises,
+    simulated for real, takes the step time it predicted (within 1 %), and is faster than DDP's default."""
+    snap = run(COMM_HEAVY)
+    advice = advise_snapshot(snap)
+    assert not advice.held
+    assert advice.buckets is not None and advice.buckets.error < 0.01 and advice.buckets.default
+    chosen = next(c for c in advice.fixes if c.kind is Kind.BUCKETS)
+    cap = chosen.setting["bucket_cap_mb"]
+    assert isinstance(cap, float | int)
+    truth = measured(dataclasses.replace(COMM_HEAVY, bucket_limits=(int(cap * MB),)))
+    now = measured(COMM_HEAVY)
+    assert chosen.step_ms == pytest.approx(truth, rel=0.01)
+    assert truth < 0.9 * now
+    assert chosen.confidence is Confidence.VALIDATED and chosen.range_ms is not None
+    assert chosen.range_ms[0] <= chosen.step_ms <= chosen.range_ms[1]
+
+
+def test_the_default_is_kept_where_it_is_already_right() -> None:
+    """Little communication under a long backward: no grouping beats DDP's default by 2 %."""
+    job = dataclasses.replace(COMM_HEAVY, block_bytes=[MB // 4, MB // 2] * 4, allreduce_ms_per_mb=0.1)
+    advice = advise_snapshot(run(job))
+    kept = next(c for c in advice.fixes if c.kind is Kind.BUCKETS)
+    assert kept.title == "keep DDP's default buckets" and kept.throughput == 1.0 and not kept.setting
+
+
+def test_nothing_is_advised_from_fewer_iterations_than_the_verdict_needs() -> None:
+    snap = run(COMM_HEAVY, iterations=WINDOW)  # iteration 0 is warm-up: one short
+    advice = advise_snapshot(snap)
+    assert advice.held and f"{WINDOW - 1} of the {WINDOW}" in advice.held
+    assert not advice.fixes and advice.best is None and advice.headline().startswith("no advice yet")
+    assert not advise_snapshot(run(COMM_HEAVY, iterations=WINDOW + 1)).held
+
+
+def test_nothing_is_advised_when_the_replay_misses_the_measurement() -> None:
+    snap = run(COMM_HEAVY)
+    off = tuple(dataclasses.replace(a, predicted_ms=a.measured_ms * 1.06) for a in snap.iterations)
+    advice = advise(off, snap.ranks, snap.buckets, snap.telemetry)
+    assert "6.0 % off" in advice.held and not advice.fixes
+
+
+def test_the_loader_advice_from_the_fetch_time_and_the_step_without_it() -> None:
+    """No workers, 30 ms to load a batch, the rest of the step ~30 ms: one worker hides it (2 cores, 2 ranks)."""
+    loader = wire.Loader(0, 32, 500, None, 0, 0)
+    job = SyntheticJob(io_ms=30.0, forward_ms=10, backward_ms=15, loader=loader, jitter=0.01)
+    advice = advise_snapshot(run(job))
+    c = next(c for c in advice.fixes if c.kind is Kind.LOADER)
+    assert c.setting["num_workers"] >= 2 and c.throughput is not None and c.throughput > 1.5
+    # The step then is the step without its wait, plus half the transfer a worker's batch costs.
+    without = statistics.median(a.predicted_ms - next(s.duration_ms for s in a.critical_path if s.category == "io")
+                                for a in advice_module.window_of(run(job).iterations))
+    assert c.step_ms == pytest.approx(without + advice_module.WORKER_TRANSFER_MS / 2, rel=0.02)
+    unknown = advise_snapshot(run(dataclasses.replace(job, loader=None)))
+    assert any(w.kind is Kind.LOADER and "tracer.loader" in w.doubt for w in unknown.withheld)
