@@ -9,6 +9,8 @@ One rank of a 2-rank gloo job (torchrun's environment). ``--job`` picks the kind
 * ``transformer``: a small transformer encoder on token batches.
 
 Recording (``--arms`` one arm, ``DAGTOP_ENDPOINT`` set): the job attaches dagtop and trains ``--iterations``.
+With ``--arms-file``, it then closes dagtop, waits for the file to name the arms (the advice on what it just
+recorded) and re-runs them against the recorded model: the prediction and the truth minutes apart in one job.
 Truth (``--arms A,B,…``, ``DAGTOP_DISABLE=1``): each arm is the job with one change made for real, and the arms
 take turns every ``--block`` steps inside the one job, so the machine's load falls on all of them alike
 (FIELD_NOTES: run-to-run noise here reaches 2×). Rank 0 writes each arm's step times (the job's own clock: one
@@ -16,7 +18,8 @@ take turns every ``--block`` steps inside the one job, so the machine's load fal
 
 An arm is ``name`` or ``name=value``: ``base``; ``cap=X`` (``bucket_cap_mb=X``), ``cap=default``,
 ``caps=a:b:c`` (``bucket_cap_mb_list``); ``workers=N`` (``num_workers=N, persistent_workers=True``);
-``hook=bf16`` / ``hook=fp16`` (DDP's compress hooks); ``accumulate=K`` (``no_sync`` over K micro-batches, one
+``hook=bf16`` / ``hook=fp16`` (DDP's compress hooks), ``hook=noop`` (a hook that communicates nothing);
+``nosync`` (every step under ``no_sync``: no all-reduce, no bucket copies); ``accumulate=K`` (``no_sync`` over K micro-batches, one
 update per K); ``hog=off`` (the hog stopped with SIGSTOP for the arm's blocks).
 """
 
@@ -119,11 +122,14 @@ class Arm:
             kw.pop("bucket_cap_mb", None)
             kw["bucket_cap_mb_list"] = [float(c) for c in value.split(":")]
         self.ddp = torch.nn.parallel.DistributedDataParallel(model_of(args), broadcast_buffers=False, **kw)
-        if name == "hook":
+        if name == "hook" and value == "noop":
+            self.ddp.register_comm_hook(None, _no_communication)
+        elif name == "hook":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             self.ddp.register_comm_hook(dist.group.WORLD, {"bf16": default_hooks.bf16_compress_hook,
                                                            "fp16": default_hooks.fp16_compress_hook}[value])
+        self.nosync = name == "nosync"
         self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=1e-4)
         self.accumulate = int(value) if name == "accumulate" else 1
         self.loader = loader_of(args, int(value) if name == "workers" else args.workers)
@@ -134,7 +140,7 @@ class Arm:
     def step(self) -> None:
         for k in range(self.accumulate):
             x, y = next(self.batches)
-            if k < self.accumulate - 1:
+            if k < self.accumulate - 1 or self.nosync:
                 with self.ddp.no_sync():
                     torch.nn.functional.cross_entropy(self.ddp(x), y).backward()
             else:
@@ -143,11 +149,33 @@ class Arm:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+def _no_communication(state, bucket):  # type: ignore[no-untyped-def] # DDP refuses a string annotation
+    """A comm hook that communicates nothing: the step with DDP's bucket copies but no all-reduce."""
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
 def start_hog(rank: int) -> subprocess.Popen[bytes] | None:
     """Rank 1's own CPU hog, on its core (inherits the rank's affinity and session)."""
     if rank != 1:
         return None
     return subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL)
+
+
+PRIORITY_ENV = "ADVICE_AUTOGROUP_NICE"
+"""When set (e.g. -10), each rank gives its own session's scheduler group that nice: the machine is shared with other
+people's test runs, and with autogroup scheduling a session's share is its group's weight, whatever its processes'
+own nice values. The rank, the hog it starts and its DataLoader workers share that group."""
+
+
+def shield() -> None:
+    nice = os.environ.get(PRIORITY_ENV)
+    if nice:
+        try:
+            Path("/proc/self/autogroup").write_text(nice)
+        except OSError as exc:
+            print(f"advice_jobs: {PRIORITY_ENV}={nice} not applied: {exc}", file=sys.stderr)
 
 
 def main() -> None:
@@ -167,8 +195,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader num_workers of the job as it is")
     parser.add_argument("--bucket-cap", type=float, default=None, help="bucket_cap_mb of the job as it is")
     parser.add_argument("--granularity", choices=("block", "layer"), default="block")
+    parser.add_argument("--arms-file", default="", help="record --iterations with dagtop, then wait for this file "
+                                                         "to name the arms to re-run (empty: none) and re-run them")
     args = parser.parse_args()
 
+    shield()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -176,7 +207,12 @@ def main() -> None:
     hog = start_hog(rank) if args.job == "hog" else None
     try:
         arms = [Arm(spec, args, world) for spec in args.arms.split(",")]
-        if len(arms) == 1:
+        if args.arms_file:
+            record(arms[0], args)
+            arms += [Arm(spec, args, world) for spec in told(Path(args.arms_file), rank)]
+            if len(arms) > 1:
+                truth(arms, args, rank, hog)
+        elif len(arms) == 1:
             record(arms[0], args)
         else:
             truth(arms, args, rank, hog)
@@ -198,6 +234,17 @@ def record(arm: Arm, args: argparse.Namespace) -> None:
     for _ in range(args.iterations):
         arm.step()
     tracer.close()
+
+
+def told(path: Path, rank: int) -> list[str]:
+    """The arms named in ``path`` once it appears (the advice on what was just recorded): every rank reads it (one
+    host), then they go on together."""
+    deadline = time.monotonic() + 900
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    said = path.read_text().strip() if path.exists() else ""
+    dist.barrier()
+    return [a for a in said.split(",") if a]
 
 
 def truth(arms: list[Arm], args: argparse.Namespace, rank: int, hog: subprocess.Popen[bytes] | None) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from dagtop.exits import Exit
-from dagtop.model.advice import Advice, Candidate, Confidence, advise
+from dagtop.model.advice import MIN_GAIN, Advice, Candidate, Confidence, advise
 from dagtop.model.cost import CostTerms, EpochCost, FixOrBuy, fix_or_buy
 from dagtop.model.snapshot import IterationAnalysis, Snapshot
 
@@ -58,6 +58,7 @@ def advice_json(advice: Advice, priced: FixOrBuy) -> dict[str, Any]:
         "fixes": [_candidate(c, epochs.get(id(c))) for c in advice.fixes],
         "buys": [_candidate(c, epochs.get(id(c))) for c in advice.buys],
         "withheld": [{"kind": str(c.kind), "title": c.title, "why": c.doubt} for c in advice.withheld],
+        "little": [_candidate(c, None) for c in advice.little],
         "gpu_hour_price": priced.terms.gpu_hour_price,
         "epoch": None if priced.epoch is None else {"steps": priced.epoch.steps, "source": priced.epoch.source},
         "epoch_unknown": priced.unknown or None,
@@ -126,6 +127,12 @@ def gpu_time(h: float) -> str:
     return f"{h * 60:.3g} GPU-min" if h < 1.5 else f"{h:.3g} GPU-h"
 
 
+def little_line(advice: Advice) -> str:
+    """The fixes considered and not advised: each predicted to gain under 2 %."""
+    return (f"under {MIN_GAIN * 100:.0f} %, not advised: "
+            + ", ".join(f"{c.title} {c.gain}" for c in advice.little))
+
+
 def waste_line(priced: FixOrBuy) -> str:
     """GPU-hours lost so far, by cause (each alone: they overlap)."""
     w = priced.waste
@@ -157,6 +164,8 @@ def write_advice(advice: Advice, priced: FixOrBuy, out: TextIO, details: bool = 
         for row in (head, *rows):
             w("  " + "  ".join(cell.ljust(widths[i]) if i in (0, 4) else cell.rjust(widths[i])
                                 for i, cell in enumerate(row)).rstrip() + "\n")
+    if advice.little:
+        w(f"  {little_line(advice)}\n")
     for c in advice.withheld:
         w(f"  not predicted: {c.title} ({c.kind}): {c.doubt}\n")
     w("\n")

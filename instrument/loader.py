@@ -33,3 +33,27 @@ def describe_loader(iterable: Any) -> wire.Loader | None:
         )
     except Exception:  # noqa: BLE001 - a property of a user's loader may raise anything: the shim never does
         return None
+
+
+class WaitShare:
+    """The training thread's CPU time inside the loader's ``next()`` against its wall time there, both decayed by
+    :data:`DECAY` a batch (the last hundred or so weigh most). Written by the training thread, read by the
+    publisher's: two floats, a read a batch stale at worst."""
+
+    __slots__ = ("cpu", "wall")
+
+    DECAY = 0.98
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self.wall = 0.0
+
+    def add(self, cpu_ns: int, wall_ns: int) -> None:
+        self.cpu = self.cpu * self.DECAY + cpu_ns
+        self.wall = self.wall * self.DECAY + wall_ns
+
+    def permille(self) -> int | None:
+        """CPU per thousand of wall time, None before any batch."""
+        if self.wall <= 0:
+            return None
+        return max(0, min(1000, round(1000 * self.cpu / self.wall)))

@@ -123,6 +123,10 @@ class Loader:
                                                                 "workers"))
     pin_memory: int = field(metadata=wire(Int(0, 1), "1 if `pin_memory=True`"))
     persistent_workers: int = field(metadata=wire(Int(0, 1), "1 if `persistent_workers=True`"))
+    wait_cpu_permille: int | None = field(default=None, metadata=wire(
+        OptInt(0, 1000), "the training thread's CPU time inside `next()` per thousand of its wall time there, "
+                         "recent batches weighing most: without workers, how much of making a batch is CPU work; "
+                         "nil before the first batch"))
 
 
 @dataclass(frozen=True, slots=True)

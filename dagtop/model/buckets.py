@@ -9,8 +9,9 @@ the all-reduces run one after another, each costing ``t(M) = 2(P−1)α + 2(P−
 times this gives when the last all-reduce ends for any grouping: a grouping's cost is how much later than the
 backward that is (Shi et al.'s exposed communication, ``tc_start[1] + t_c[1] − (tb_start[1] + t_b[1])``).
 
-A prediction is a difference of two such schedules on the same iteration (the buckets now, the buckets changed),
-taken off the iteration's replayed time: what the schedule does not model (compute, the update, the ranks' waits)
+The all-reduce's cost is fitted on the job's own buckets with the stretch compute puts on it
+(:mod:`dagtop.model.allreduce`). A prediction is a difference of two such schedules on the same iteration (the
+buckets now, the buckets changed), taken off the iteration's replayed time: what the schedule does not model (compute, the update, the ranks' waits)
 is in both and cancels. The schedule of the buckets now is checked against the collectives observed
 (:attr:`BucketModel.error`).
 
@@ -26,7 +27,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dagtop.model.snapshot import AlphaBeta, IterationAnalysis
+from dagtop.model.allreduce import AllReduce, Observed
+from dagtop.model.snapshot import IterationAnalysis
 from instrument.wire import Buckets
 
 MIB = 1 << 20
@@ -110,6 +112,13 @@ class Backward:
     """The end of the last bucket all-reduce observed (``end`` if it ended earlier)."""
     identity_ms: float
     """The iteration as the DAG replays it: the base a change's prediction is taken off."""
+    collectives: tuple[tuple[int, int, int], ...] = ()
+    """The bucket all-reduces observed, (bytes, start, end) in time order, each started no earlier than the one
+    before it ended (one channel, as the schedule has it)."""
+
+    def observed(self) -> list[Observed]:
+        """The all-reduces as :func:`dagtop.model.allreduce.fit` takes them."""
+        return [(m, s, e, self.end) for m, s, e in self.collectives]
 
 
 def backward_of(a: IterationAnalysis) -> Backward | None:
@@ -128,31 +137,38 @@ def backward_of(a: IterationAnalysis) -> Backward | None:
                 end = max(end, t.end_ns)
     if not ready:
         return None
-    return Backward(a.iteration, ready, end, max(end, max(c.end_ns for c in buckets)), a.predicted_ms)
+    channel = 0
+    serial = []
+    for c in sorted(buckets, key=lambda c: c.start_ns):
+        start = max(c.start_ns, channel)
+        serial.append((c.bytes, start, max(c.end_ns, start)))
+        channel = max(channel, c.end_ns)
+    return Backward(a.iteration, ready, end, max(end, max(c.end_ns for c in buckets)), a.predicted_ms, tuple(serial))
 
 
-def finish_ns(layout: Layout, counts: Sequence[int], b: Backward, comm: AlphaBeta, workers: int,
-              sizes: Sequence[int] | None = None) -> float:
+def finish_ns(layout: Layout, counts: Sequence[int], b: Backward, comm: AllReduce,
+              sizes: Sequence[int] | None = None, per_byte: float | None = None) -> float:
     """When the backward and the last all-reduce are both over, for the grouping ``counts`` of ``layout``: each
     bucket is handed over when its last gradient is ready and the one before it was, and all-reduced once the one
-    before it is done. ``sizes``: the parameters' bytes as sent (default: as they are; halved for bf16)."""
+    before it is done, stretched while the backward runs. ``sizes``: the parameters' bytes as sent (default: as
+    they are; halved for a 16-bit hook); ``per_byte`` in place of the fitted one."""
     sent = layout.sizes if sizes is None else sizes
     handed = channel = float("-inf")
     at = 0
     for n in counts:
         ready = max((b.ready.get(blk, b.end) if blk else b.end) for blk in layout.blocks[at:at + n])
         handed = max(handed, ready)
-        channel = max(channel, handed) + comm.seconds(workers, sum(sent[at:at + n])) * 1e9
+        channel = comm.finish(max(channel, handed), comm.work(sum(sent[at:at + n]), per_byte), b.end)
         at += n
     return max(channel, float(b.end))
 
 
-def mg_wfbp(layout: Layout, b: Backward, comm: AlphaBeta, workers: int) -> tuple[int, ...]:
+def mg_wfbp(layout: Layout, b: Backward, comm: AllReduce) -> tuple[int, ...]:
     """MG-WFBP's grouping (Shi et al., INFOCOM'19) of one backward: walking the gradients in the order they become
     ready, the next block's gradients join the group before them when that group's all-reduce could not start
     before they are ready anyway (the channel is busy), or when the wait for them is shorter than the start-up
     cost ``2(P−1)α`` a merge saves; else they start a group of their own. Returns parameters per group."""
-    latency = comm.seconds(workers, 0) * 1e9
+    latency = comm.a_ns
     layers: list[tuple[float, int, int]] = []  # (ready, bytes, parameters) per run of one block's parameters
     for i, (blk, size) in enumerate(zip(layout.blocks, layout.sizes)):
         if i and blk and layout.blocks[i - 1] == blk:
@@ -166,7 +182,7 @@ def mg_wfbp(layout: Layout, b: Backward, comm: AlphaBeta, workers: int) -> tuple
         if groups:
             g = groups[-1]
             start = max(g[0], before)
-            end = start + comm.seconds(workers, g[1]) * 1e9
+            end = comm.finish(start, comm.work(g[1]), b.end)
             if ready < end and (start > ready or ready - start < latency):
                 g[0], g[1], g[2] = max(g[0], ready), g[1] + size, g[2] + n
                 continue
@@ -195,7 +211,9 @@ class Grouping:
     step_ms: tuple[float, ...]
     """Predicted iteration ms on each iteration read (its replayed time less what the schedule saves)."""
     bounds_ms: tuple[float, float]
-    """The median prediction with β one standard error down and up (the faster first)."""
+    """The median prediction with the per-byte time one standard error down and up (the faster first)."""
+    extrapolated: bool = False
+    """Two or more of its buckets are under half the smallest bucket the fit saw: their latency is a guess."""
 
     @property
     def median_ms(self) -> float:
@@ -207,6 +225,7 @@ class BucketModel:
     """The buckets now and every grouping tried, each replayed on the same iterations."""
 
     layout: Layout
+    comm: AllReduce
     now: Grouping
     tried: tuple[Grouping, ...]
     """Every distinct grouping: DDP's default, the uniform caps of :data:`CAPS_MB`, MG-WFBP's."""
@@ -218,24 +237,23 @@ class BucketModel:
     iterations: int
 
 
-def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AlphaBeta, workers: int) -> BucketModel:
+def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> BucketModel:
     """Every grouping tried, predicted on every backward given (at least one)."""
     typical = _typical(backwards)
+    low = comm.sizes < 3  # two sizes cannot tell latency from stretch well below the smallest one
 
     def grouping(label: str, setting: Mapping[str, object], counts: Sequence[int]) -> Grouping:
         counts = tuple(counts)
-        steps: list[float] = []
-        slow: list[float] = []
-        fast: list[float] = []
+        out: dict[int, list[float]] = {-1: [], 0: [], 1: []}
         for b in backwards:
-            base = b.identity_ms
-            for beta, out in ((comm.beta_s_per_byte, steps), (comm.beta_s_per_byte - comm.beta_se, fast),
-                              (comm.beta_s_per_byte + comm.beta_se, slow)):
-                fit = AlphaBeta(comm.alpha_s, max(beta, 0.0))
-                saved = finish_ns(layout, layout.now, b, fit, workers) - finish_ns(layout, counts, b, fit, workers)
-                out.append(base - saved / 1e6)
-        ends = sorted((statistics.median(fast), statistics.median(slow)))
-        return Grouping(label, dict(setting), counts, tuple(steps), (ends[0], ends[1]))
+            for bound in out:
+                per = max(comm.b_ns_per_byte + bound * comm.b_se, 0.0)
+                saved = finish_ns(layout, layout.now, b, comm, per_byte=per) - finish_ns(layout, counts, b, comm,
+                                                                                          per_byte=per)
+                out[bound].append(b.identity_ms - saved / 1e6)
+        ends = sorted((statistics.median(out[-1]), statistics.median(out[1])))
+        small = sum(1 for m in totals(layout.sizes, counts) if m < comm.smallest / 2)
+        return Grouping(label, dict(setting), counts, tuple(out[0]), (ends[0], ends[1]), low and small >= 2)
 
     now = grouping("the buckets now", {}, layout.now)
     tried: dict[tuple[int, ...], Grouping] = {}
@@ -245,17 +263,17 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AlphaBeta
         counts = layout.counts([int(cap * MIB)])
         if counts not in tried:
             tried[counts] = grouping(f"bucket_cap_mb={cap:g}", {"bucket_cap_mb": cap}, counts)
-    merged = mg_wfbp(layout, typical, comm, workers)
+    merged = mg_wfbp(layout, typical, comm)
     caps = limits_for(layout, merged)
     if merged not in tried and caps is not None:
         shown = ", ".join(f"{c:g}" for c in caps)
         tried[merged] = grouping(f"bucket_cap_mb_list=[{shown}] (MG-WFBP)", {"bucket_cap_mb_list": list(caps)}, merged)
     # The schedule's bias, not the iterations' noise: its median tail (last all-reduce past the backward) against
     # the median tail observed, as a share of the iteration.
-    modelled = statistics.median(finish_ns(layout, layout.now, b, comm, workers) - b.end for b in backwards)
+    modelled = statistics.median(finish_ns(layout, layout.now, b, comm) - b.end for b in backwards)
     observed = statistics.median(b.observed_end - b.end for b in backwards)
     error = abs(modelled - observed) / 1e6 / typical.identity_ms if typical.identity_ms > 0 else 0.0
-    return BucketModel(layout, now, tuple(tried.values()), error, layout.now == default, len(backwards))
+    return BucketModel(layout, comm, now, tuple(tried.values()), error, layout.now == default, len(backwards))
 
 
 def _typical(backwards: Sequence[Backward]) -> Backward:

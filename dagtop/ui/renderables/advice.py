@@ -7,10 +7,12 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
-from dagtop.advise import candidate_rows, cost_rows, waste_line
+from dagtop.advise import candidate_rows, cost_rows, little_line, waste_line
 from dagtop.model.advice import Advice, Confidence
 from dagtop.model.cost import FixOrBuy
 
+NARROW = 90
+"""Below this width the table of changes leaves out the ranges (each change's own lines give its range)."""
 CONFIDENCE_STYLE = {Confidence.VALIDATED: "green", Confidence.LOWER: "yellow", Confidence.WITHHELD: "dim"}
 """How a confidence is coloured: validated green, lower (with a ?) yellow, withheld dim."""
 
@@ -49,7 +51,12 @@ class AdviceDetails:
         rows = candidate_rows(a)
         styles = [CONFIDENCE_STYLE[Confidence(r[4].rstrip("?"))] for r in rows]
         if rows:
-            parts.append(_table(("change", "ms/step", "range", "throughput", "confidence"), rows, styles))
+            header: tuple[str, ...] = ("change", "ms/step", "range", "throughput", "confidence")
+            if options.max_width < NARROW:  # the ranges are in each change's lines below
+                header, rows = (header[0], header[1], header[3], "conf."), [(r[0], r[1], r[3], r[4]) for r in rows]
+            parts.append(_table(header, rows, styles))
+        if a.little:
+            parts.append(Text(little_line(a), style="dim"))
         for c in a.withheld:
             parts.append(Text(f"not predicted: {c.title} ({c.kind}): {c.doubt}", style="dim"))
         parts.append(Text(""))
@@ -63,7 +70,10 @@ class AdviceDetails:
         parts += [Text(waste_line(p)), Text("")]
         for n, c in enumerate((*a.fixes, *a.buys), 1):
             style = CONFIDENCE_STYLE[c.confidence]
-            parts.append(Text.assemble((f"{n}. {c.title}", f"bold {style}"), (f"  {c.kind}", "dim")))
+            parts.append(Text.assemble((f"{n}. {c.title}", f"bold {style}"), (f" · {c.kind}", "dim")))
+            if c.step_ms is not None and c.range_ms is not None:
+                parts.append(Text(f"predicted {c.step_ms:.1f} ms/step ({c.range_ms[0]:.1f}–{c.range_ms[1]:.1f}), "
+                                  f"throughput {c.gain}; {c.confidence} confidence"))
             parts.append(Text(c.change, style="cyan"))
             parts.append(Text(f"evidence: {c.evidence}", style="dim"))
             if c.caveat:
