@@ -26,6 +26,7 @@ update per K); ``hog=off`` (the hog stopped with SIGSTOP for the arm's blocks).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -82,17 +83,19 @@ def model_of(args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(0)
     if args.job == "transformer":
         return Encoder(args.vocab, args.width, args.depth, 16)
+    widths = [int(w) for w in args.widths.split(",")] if args.widths else [args.width] * (args.depth + 1)
     layers: list[torch.nn.Module] = []
-    for _ in range(args.depth):
-        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 16))
+    for a, b in itertools.pairwise(widths):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(widths[-1], 16))
 
 
 def dataset_of(args: argparse.Namespace) -> Stored:
     n = args.batch * 64
     if args.job == "transformer":
         return Stored(n, (args.seq,), 16, tokens=args.vocab)
-    return Stored(n, (args.width,), 16, io_ms=args.io_ms if args.job == "loader" else 0.0)
+    first = int(args.widths.split(",")[0]) if args.widths else args.width
+    return Stored(n, (first,), 16, io_ms=args.io_ms if args.job == "loader" else 0.0)
 
 
 def loader_of(args: argparse.Namespace, workers: int) -> DataLoader[Any]:
@@ -188,6 +191,8 @@ def main() -> None:
     parser.add_argument("--out", default="", help="rank 0 writes the arms' step times here (JSON)")
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--widths", default="", help="MLP: the layers' widths, input first (instead of --width and "
+                                                      "--depth): layers of several sizes, as real models have")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=4096)

@@ -49,8 +49,9 @@ class JobKind:
 
 
 JOBS = (
-    JobKind("mlp, default buckets", ("--job", "mlp")),
-    JobKind("mlp, tiny buckets", ("--job", "mlp", "--width", "256", "--depth", "24", "--bucket-cap", "0.05")),
+    JobKind("mlp, default buckets", ("--job", "mlp", "--widths", "1024,2048,1024,1536,1024,2048,1024,1024,512")),
+    JobKind("mlp, tiny buckets", ("--job", "mlp", "--widths", ("256,768,128,512,384,640,256,896,192,512,320,768,256,"
+                                                               "448,128,640,384,256"), "--bucket-cap", "0.05")),
     JobKind("loader, num_workers=0", ("--job", "loader", "--width", "1024", "--depth", "4", "--io-ms", "0.5")),
     JobKind("rank 1 with a CPU hog", ("--job", "hog", "--width", "512", "--depth", "6")),
     JobKind("transformer", ("--job", "transformer", "--width", "256", "--depth", "4", "--batch", "16")),

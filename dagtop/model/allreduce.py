@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KAPPAS = tuple(k / 20 for k in range(0, 121))
+KAPPAS = tuple(k / 20 for k in range(121))
 """The stretches tried: 0 to 6 in steps of 0.05."""
 
 

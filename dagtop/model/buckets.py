@@ -246,11 +246,11 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
         counts = tuple(counts)
         out: dict[int, list[float]] = {-1: [], 0: [], 1: []}
         for b in backwards:
-            for bound in out:
+            for bound, steps in out.items():
                 per = max(comm.b_ns_per_byte + bound * comm.b_se, 0.0)
                 saved = finish_ns(layout, layout.now, b, comm, per_byte=per) - finish_ns(layout, counts, b, comm,
                                                                                           per_byte=per)
-                out[bound].append(b.identity_ms - saved / 1e6)
+                steps.append(b.identity_ms - saved / 1e6)
         ends = sorted((statistics.median(out[-1]), statistics.median(out[1])))
         small = sum(1 for m in totals(layout.sizes, counts) if m < comm.smallest / 2)
         return Grouping(label, dict(setting), counts, tuple(out[0]), (ends[0], ends[1]), low and small >= 2)
