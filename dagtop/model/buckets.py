@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from dagtop.model.allreduce import AllReduce, Observed
 from dagtop.model.snapshot import IterationAnalysis
@@ -75,6 +78,8 @@ class Layout:
     blocks: tuple[str, ...]
     """The timed unit each parameter belongs to (the longest unit name that prefixes it), "" where none does."""
     now: tuple[int, ...]
+    _ready: dict[int, tuple[Backward, npt.NDArray[np.float64]]] = field(default_factory=dict, compare=False,
+                                                                        repr=False)
 
     @classmethod
     def of(cls, frame: Buckets, units: Sequence[str]) -> Layout | None:
@@ -89,6 +94,16 @@ class Layout:
         longest = sorted(set(units), key=len, reverse=True)
         blocks = tuple(next((u for u in longest if n == u or n.startswith(u + ".")), "") for n in names)
         return cls(names, sizes, blocks, tuple(len(b.parameters) for b in ordered))
+
+    def ready_ns(self, b: Backward) -> npt.NDArray[np.float64]:
+        """When each parameter's gradient is ready in backward ``b``: its block's backward end (the backward's end
+        for a parameter of no timed block). Kept per backward: every grouping tried reads it."""
+        key = id(b)
+        cached = self._ready.get(key)
+        if cached is None or cached[0] is not b:
+            ready = np.array([b.ready.get(blk, b.end) if blk else b.end for blk in self.blocks], dtype=np.float64)
+            cached = self._ready[key] = (b, ready)
+        return cached[1]
 
     @property
     def mapped(self) -> float:
@@ -152,14 +167,12 @@ def finish_ns(layout: Layout, counts: Sequence[int], b: Backward, comm: AllReduc
     bucket is handed over when its last gradient is ready and the one before it was, and all-reduced once the one
     before it is done, stretched while the backward runs. ``sizes``: the parameters' bytes as sent (default: as
     they are; halved for a 16-bit hook); ``per_byte`` in place of the fitted one."""
-    sent = layout.sizes if sizes is None else sizes
-    handed = channel = float("-inf")
-    at = 0
-    for n in counts:
-        ready = max((b.ready.get(blk, b.end) if blk else b.end) for blk in layout.blocks[at:at + n])
-        handed = max(handed, ready)
-        channel = comm.finish(max(channel, handed), comm.work(sum(sent[at:at + n]), per_byte), b.end)
-        at += n
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    ready = np.maximum.accumulate(np.maximum.reduceat(layout.ready_ns(b), starts)).tolist()
+    sent = np.add.reduceat(np.asarray(layout.sizes if sizes is None else sizes, dtype=np.float64), starts).tolist()
+    channel = float("-inf")
+    for handed, nbytes in zip(ready, sent):  # each bucket after the one before it: one at a time, in order
+        channel = comm.finish(max(channel, handed), comm.work(nbytes, per_byte), b.end)
     return max(channel, float(b.end))
 
 

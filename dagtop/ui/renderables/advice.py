@@ -57,8 +57,9 @@ class AdviceDetails:
             parts.append(_table(header, rows, styles))
         if a.little:
             parts.append(Text(little_line(a), style="dim"))
-        for c in a.withheld:
-            parts.append(Text(f"not predicted: {c.title} ({c.kind}): {c.doubt}", style="dim"))
+        if a.withheld:
+            parts.append(Text("not predicted: " + ", ".join(c.title for c in a.withheld) + " (why: at the end)",
+                              style="dim"))
         parts.append(Text(""))
         if p.now is not None and p.epoch is not None:
             price = f", ${p.terms.gpu_hour_price:g}/GPU-h" if p.terms.gpu_hour_price is not None else \
@@ -80,6 +81,8 @@ class AdviceDetails:
                 parts.append(Text(f"caveat: {c.caveat}", style="yellow"))
             if c.doubt:
                 parts.append(Text(f"lower confidence: {c.doubt}", style="yellow"))
+        for c in a.withheld:
+            parts.append(Text.assemble((f"not predicted: {c.title}", "bold"), (f" · {c.kind}: {c.doubt}", "dim")))
         parts += [Text(""), Text("ms/step and range: the step with the change (its 95 % interval over the window, "
                                  "widened by the network fit's uncertainty); throughput: samples/s against now. "
                                  "Validated: that kind of change was re-run for real within 10 % "
