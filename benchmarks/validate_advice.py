@@ -49,7 +49,8 @@ class JobKind:
 
 
 JOBS = (
-    JobKind("mlp, default buckets", ("--job", "mlp", "--widths", "1024,2048,1024,1536,1024,2048,1024,1024,512")),
+    JobKind("mlp, default buckets", ("--job", "mlp", "--depth", "14")),
+    JobKind("mlp pyramid, default buckets", ("--job", "mlp", "--widths", "1024,2048,1024,1536,1024,2048,1024,1024,512")),
     JobKind("mlp, tiny buckets", ("--job", "mlp", "--widths", ("256,768,128,512,384,640,256,896,192,512,320,768,256,"
                                                                "448,128,640,384,256"), "--bucket-cap", "0.05")),
     JobKind("loader, num_workers=0", ("--job", "loader", "--width", "1024", "--depth", "4", "--io-ms", "0.5")),
