@@ -15,7 +15,7 @@ from dagtop.model import allreduce as allreduce_module
 from dagtop.model import buckets as buckets_module
 from dagtop.model import candidate as candidate_module
 from dagtop.model import candidates
-from dagtop.model.advice import Kind, advise, advise_snapshot
+from dagtop.model.advice import Advice, Candidate, Kind, advise, advise_snapshot
 from dagtop.model.allreduce import AllReduce, fit
 from dagtop.model.buckets import Backward, Layout, ddp_buckets, finish_ns, limits_for, mg_wfbp
 from dagtop.model.pipeline import Pipeline
@@ -136,6 +136,21 @@ def test_the_default_is_kept_where_it_is_already_right() -> None:
     advice = advise_snapshot(run(job))
     kept = next(c for c in advice.fixes if c.kind is Kind.BUCKETS)
     assert kept.title == "keep DDP's default buckets" and kept.throughput == 1.0 and not kept.setting
+
+
+def test_a_keep_leads_nothing_a_change_with_a_caveat_leads_when_nothing_else_gains() -> None:
+    """'Keep the buckets' (×1.00) ranks first among the changes without a caveat, but the advice leads with the
+    accumulation (×1.5, a caveat) and says to weigh it; a plain fix of ×1.1 would lead instead; below 2 % none does."""
+    keep = Candidate(Kind.BUCKETS, "keep DDP's default buckets", "no change", {}, 100.0, None, 1.0)
+    accumulate = Candidate(Kind.ACCUMULATION, "accumulate 4 micro-batches", "", {"accumulate": 4}, 266.7, None, 1.5,
+                           samples=4, caveat="changes the optimisation")
+    advice = Advice(50, 20, 100.0, 0.0, "", (keep, accumulate))
+    assert advice.best is accumulate and "weigh its caveat" in advice.headline()
+    workers = Candidate(Kind.LOADER, "num_workers=1", "", {"num_workers": 1}, 90.9, None, 1.1)
+    led = dataclasses.replace(advice, fixes=(workers, keep, accumulate))
+    assert led.best is workers and "caveat" not in led.headline()
+    little = dataclasses.replace(advice, fixes=(keep, dataclasses.replace(accumulate, speedup=0.25)))
+    assert little.best is None and little.headline().startswith("nothing to fix")
 
 
 def test_nothing_is_advised_from_fewer_iterations_than_the_verdict_needs() -> None:

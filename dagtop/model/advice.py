@@ -58,10 +58,11 @@ class Advice:
 
     @property
     def best(self) -> Candidate | None:
-        """The fix put first, if it gains at least :data:`MIN_GAIN`: the one predicted to gain most among those
-        that leave what the job computes alone, else the best of those with a caveat."""
-        top = self.fixes[0] if self.fixes else None
-        return top if top is not None and (top.throughput or 0) >= 1 + MIN_GAIN else None
+        """The change the advice leads with, among the fixes that gain at least :data:`MIN_GAIN` (a 'keep the
+        buckets' gains nothing): the one predicted to gain most among those that leave what the job computes alone,
+        else the best of those with a caveat."""
+        gaining = [c for c in self.fixes if (c.throughput or 0) >= 1 + MIN_GAIN]  # not a 'keep it as it is'
+        return next((c for c in gaining if not c.caveat), gaining[0] if gaining else None)
 
     def headline(self) -> str:
         """The first line a person reads: the best change and its gain, or why there is none."""
@@ -72,8 +73,10 @@ class Advice:
             return (f"nothing to fix: no change to the job is predicted to gain {MIN_GAIN * 100:.0f} % or more "
                     f"(step {self.step_ms:.1f} ms)")
         assert best.step_ms is not None
+        weigh = (f" (nothing that leaves the job's computation alone gains {MIN_GAIN * 100:.0f} %; weigh its caveat)"
+                 if best.caveat else "")
         return (f"best change: {best.title} ({best.kind}): throughput {best.gain}, step {self.step_ms:.1f} → "
-                f"{best.step_ms:.1f} ms")
+                f"{best.step_ms:.1f} ms{weigh}")
 
 
 def window_of(analyses: Sequence[IterationAnalysis]) -> list[IterationAnalysis]:
