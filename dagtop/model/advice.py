@@ -73,8 +73,7 @@ class Advice:
             return (f"nothing to fix: no change to the job is predicted to gain {MIN_GAIN * 100:.0f} % or more "
                     f"(step {self.step_ms:.1f} ms)")
         assert best.step_ms is not None
-        weigh = (f" (nothing that leaves the job's computation alone gains {MIN_GAIN * 100:.0f} %; weigh its caveat)"
-                 if best.caveat else "")
+        weigh = f" (with a caveat: nothing without one gains {MIN_GAIN * 100:.0f} %)" if best.caveat else ""
         return (f"best change: {best.title} ({best.kind}): throughput {best.gain}, step {self.step_ms:.1f} → "
                 f"{best.step_ms:.1f} ms{weigh}")
 
