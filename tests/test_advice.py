@@ -102,7 +102,7 @@ def test_per_bucket_limits_rebuild_the_groups() -> None:
 
 def test_a_layout_maps_each_parameter_to_its_longest_timed_unit() -> None:
     frame = wire.Buckets(0, 0, (wire.Bucket(1, 12, ("layers.1.w", "head.b")), wire.Bucket(0, 4, ("layers.10.w",))),
-                         ((8, 4), (4,)))
+                         parameter_bytes=((8, 4), (4,)))
     layout = Layout.of(frame, ["layers.1", "layers.10", "layers", "head"])
     assert layout is not None
     assert layout.names == ("layers.10.w", "layers.1.w", "head.b")  # bucket 0 first

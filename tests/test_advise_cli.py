@@ -97,14 +97,14 @@ def test_prometheus_has_each_advised_change_and_the_epochs_cost() -> None:
 
 def test_parameter_sizes_travel_with_the_bucket_map_and_are_checked() -> None:
     buckets = (wire.Bucket(0, 12, ("a", "b")), wire.Bucket(1, 4, ("c",)))
-    frame = wire.Buckets(3, 1, buckets, ((8, 4), (4,)))
+    frame = wire.Buckets(3, 1, buckets, parameter_bytes=((8, 4), (4,)))
     assert wire.decode(wire.encode(frame)) == frame
     older = wire.Buckets(3, 1, buckets)
     assert "param_bytes" not in msgpack.unpackb(wire.encode(older))  # left off: the frame older monitors knew
     assert wire.decode(wire.encode(older)).parameter_bytes == ()
     for bad in (((8, 4),), ((8, 3), (4,)), ((8,), (4,))):  # a bucket missing, not adding up, a name without size
         with pytest.raises(wire.WireError, match="param_bytes"):
-            wire.decode(wire.encode(wire.Buckets(3, 1, buckets, bad)))
+            wire.decode(wire.encode(wire.Buckets(3, 1, buckets, parameter_bytes=bad)))
 
 
 def test_a_hello_carries_the_dataloaders_settings_once_known() -> None:
@@ -113,7 +113,7 @@ def test_a_hello_carries_the_dataloaders_settings_once_known() -> None:
     loader = describe_loader(torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True))
     assert loader == wire.Loader(workers=2, batch_size=8, batches=13, prefetch_factor=2, pin_memory=0,
                                  persistent_workers=1)
-    hello = wire.Hello(0, 0, 2, 0, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "", loader)
+    hello = wire.Hello(0, 0, 2, 0, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "", loader=loader)
     assert wire.decode(wire.encode(hello)) == hello
     assert "loader" not in msgpack.unpackb(wire.encode(wire.Hello(0, 0, 2, 0, "h", 1, "cpu", "t", "M", 1, "block",
                                                                   1, 1)))

@@ -94,8 +94,8 @@ def synthetic_frames(
         sizes = [sum(job.block_bytes[b] for b in range(job.blocks) if bucket_of_block[b] == k) for k in range(len(counts))]
         names = [tuple(f"{blocks[b]}.weight" for b in backward if bucket_of_block[b] == k) for k in range(len(counts))]
         bucket_map = wire.Buckets(0, 0, tuple(wire.Bucket(k, sizes[k], names[k]) for k in range(len(counts))),
-                                  tuple(tuple(job.block_bytes[b] for b in backward if bucket_of_block[b] == k)
-                                        for k in range(len(counts))))
+                                  parameter_bytes=tuple(tuple(job.block_bytes[b] for b in backward
+                                                              if bucket_of_block[b] == k) for k in range(len(counts))))
 
     for it in range(first_iteration, first_iteration + iterations):
         events: list[list[tuple[str, str, str, str, int, int, int]]] = [[] for _ in range(job.ranks)]
