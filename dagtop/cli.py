@@ -8,6 +8,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dagtop import __version__
 from dagtop.exits import Exit, table
@@ -133,6 +134,23 @@ def _exit_statuses() -> str:
     return "exit status:\n" + "\n".join(f"{number:<4} {meaning}" for number, _, meaning in table())
 
 
+def _price(text: str) -> float:
+    value = _float(text, "a price")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a price: a number of dollars, 0 or more")
+    return value
+
+
+def _cost_options(p: argparse.ArgumentParser, **kw: Any) -> None:
+    """The options the advice prices its changes with (fix against buy)."""
+    p.add_argument("--gpu-hour-price", type=_price, metavar="USD", **kw,
+                   help="dollars per GPU-hour: the advice prices an epoch now, with each change and with more GPUs")
+    p.add_argument("--epoch-samples", type=_count, metavar="N", **kw,
+                   help="samples per epoch (default: the DataLoader's length, where the ranks time it)")
+    p.add_argument("--batch-size", type=_count, metavar="B", **kw,
+                   help="samples per rank per step, for --epoch-samples (default: the DataLoader's batch_size)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dagtop",
@@ -157,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     bandwidth_help = ("the bus bandwidth, GB/s, of the `network bandwidth` what-if (bytes: 100 Gb/s Ethernet is "
                       "12.5; default twice the one fitted on the job's collectives)")
     parser.add_argument("--bandwidth", type=_bandwidth, default=None, metavar="GBPS", help=bandwidth_help)
+    _cost_options(parser, default=None)
     sub = parser.add_subparsers(dest="command")
 
     rec = sub.add_parser("record", help="collect headless into a recording")
@@ -175,12 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="serve Prometheus metrics there while recording (docs/metrics.md)")
     rec.add_argument("--nice", type=_niceness, **shared, metavar="N",
                      help=f"lower the recorder's CPU priority by N, 0 to 19 (default ${NICE_ENV}, else {DEFAULT_NICE})")
+    _cost_options(rec, **shared)
 
     rep = sub.add_parser("report", help="summarise a recording: bottleneck, straggler, critical path, what-if")
     rep.add_argument("file", help="a recording made by `dagtop record` or `dagtop demo --record`")
     rep.add_argument("--json", action="store_true", help="print JSON (schema in docs/report.md)")
     rep.add_argument("--iterations", type=_iteration_range, default=None, metavar="A:B", help="analyse iterations A..B-1")
     rep.add_argument("--bandwidth", type=_bandwidth, **shared, metavar="GBPS", help=bandwidth_help)
+    _cost_options(rep, **shared)
+
+    adv = sub.add_parser("advise", help="what to change in a recorded job, ranked, and what it is worth against "
+                                        "buying GPUs")
+    adv.add_argument("file", help="a recording made by `dagtop record` or `dagtop demo --record`")
+    adv.add_argument("--json", action="store_true", help="print JSON (the `advice` object of docs/report.md)")
+    adv.add_argument("--iterations", type=_iteration_range, default=None, metavar="A:B",
+                     help="advise on iterations A..B-1 (default: all past warm-up)")
+    adv.add_argument("--bandwidth", type=_bandwidth, **shared, metavar="GBPS", help=bandwidth_help)
+    _cost_options(adv, **shared)
 
     kg = sub.add_parser("keygen", help="write the CURVE key pairs of the monitor and the ranks, for --auth")
     kg.add_argument("directory", metavar="DIR", help="where to write them (made if missing; never overwritten)")
@@ -189,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     rpl.add_argument("file")
     rpl.add_argument("--speed", type=_speed, default=1.0, help="playback speed (0: as fast as possible)")
     rpl.add_argument("--bandwidth", type=_bandwidth, **shared, metavar="GBPS", help=bandwidth_help)
+    _cost_options(rpl, **shared)
 
     imp = sub.add_parser("import", help="PyTorch-profiler traces (one per rank) into a recording")
     imp.add_argument("traces", nargs="+", metavar="TRACE", help="a Kineto trace per rank: .json or .json.gz")
@@ -270,6 +301,10 @@ def _run(args: argparse.Namespace) -> int:
         from dagtop.report import run_report
 
         return run_report(args)
+    if args.command == "advise":
+        from dagtop.advise import run_advise
+
+        return run_advise(args)
     if args.command == "demo":
         from dagtop.demo.launch import run_demo
 

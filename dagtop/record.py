@@ -266,10 +266,11 @@ def run_record(args: argparse.Namespace) -> int:
         print(f"dagtop record: {exc}", file=sys.stderr)
         return Exit.RECORD_CANNOT_BIND
     if getattr(args, "metrics_port", None) is not None:  # analysed on the side, for Prometheus only
+        from dagtop.advise import terms_of
         from dagtop.interop.metrics import MeteredSource, MetricsError
 
         try:
-            source = MeteredSource(source, args.metrics_port, args.ranks)
+            source = MeteredSource(source, args.metrics_port, args.ranks, terms_of(args))
         except MetricsError as exc:
             source.close()
             print(f"dagtop record: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from dagtop.advise import advice_json, advice_of, terms_of, write_advice
 from dagtop.exits import Exit
 from dagtop.model.liveness import Holder, Stall, ranks_text, where
 from dagtop.model.pipeline import Pipeline
@@ -65,29 +66,42 @@ def _whole(value: object) -> int:
     return value if type(value) is int and value >= 0 else 0
 
 
+def open_recording(command: str, path: str, bandwidth_gbps: float | None) -> tuple[Pipeline, bool] | int:
+    """A recording folded into a pipeline for ``dagtop COMMAND``, (pipeline, tail cut short); or the exit status
+    after saying on stderr why it cannot be (no file, not a recording, no iteration). Warns of a cut-short tail and
+    of rejected frames."""
+    err = sys.stderr
+    if not Path(path).is_file():
+        what = "is a directory, not a recording" if Path(path).is_dir() else "no such file"
+        print(f"dagtop {command}: {path}: {what}", file=err)
+        return Exit.BAD_INPUT
+    try:
+        pipeline, truncated = load(path, bandwidth_gbps)
+    except (RecordingError, OSError) as exc:
+        print(f"dagtop {command}: {exc}", file=err)
+        return Exit.BAD_INPUT
+    snap = pipeline.snapshot()
+    if truncated:
+        print(f"dagtop {command}: warning: {path} ends in a cut-short record (the recorder was stopped mid-write); "
+              "reporting the complete frames before it", file=err)
+    if snap.rejected:
+        print(f"dagtop {command}: warning: {snap.rejected} frames rejected (last: {snap.last_rejection})", file=err)
+    if not pipeline.analyses():
+        print(f"dagtop {command}: {path} holds no iteration of any rank", file=err)
+        return Exit.BAD_INPUT
+    return pipeline, truncated
+
+
 def run_report(args: argparse.Namespace) -> int:
     """The ``report`` command: 0 on success, 2 when the file cannot be read as a recording."""
     path = str(args.file)
     err = sys.stderr
-    if not Path(path).is_file():
-        what = "is a directory, not a recording" if Path(path).is_dir() else "no such file"
-        print(f"dagtop report: {path}: {what}", file=err)
-        return Exit.BAD_INPUT
-    try:
-        pipeline, truncated = load(path, getattr(args, "bandwidth", None))
-    except (RecordingError, OSError) as exc:
-        print(f"dagtop report: {exc}", file=err)
-        return Exit.BAD_INPUT
+    opened = open_recording("report", path, getattr(args, "bandwidth", None))
+    if isinstance(opened, int):
+        return opened
+    pipeline, truncated = opened
     snap = pipeline.snapshot()
-    if truncated:
-        print(f"dagtop report: warning: {path} ends in a cut-short record (the recorder was stopped mid-write); "
-              "reporting the complete frames before it", file=err)
-    if snap.rejected:
-        print(f"dagtop report: warning: {snap.rejected} frames rejected (last: {snap.last_rejection})", file=err)
     analyses = pipeline.analyses()
-    if not analyses:
-        print(f"dagtop report: {path} holds no iteration of any rank", file=err)
-        return Exit.BAD_INPUT
     chosen = select(analyses, args.iterations)
     if not chosen:
         print(f"dagtop report: no analysed iteration in the range asked for "
@@ -111,11 +125,15 @@ def run_report(args: argparse.Namespace) -> int:
     lost = snap.losses
     summary["lost"] = {"rank_queue": lost.queue, "rank_socket": lost.socket, "in_transit": lost.transit,
                        "iterations_missing": lost.iterations, "before_connect": lost.before_connect}
+    advice, priced = advice_of(snap, chosen, terms_of(args))
+    summary["advice"] = advice_json(advice, priced)
     if getattr(args, "json", False):
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         write_text(summary, sys.stdout)
+        sys.stdout.write("\nadvice (dagtop advise prints it in full)\n")
+        write_advice(advice, priced, sys.stdout, details=False)
     return Exit.OK
 
 

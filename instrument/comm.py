@@ -182,6 +182,9 @@ class BucketTimer:
         """The sizes of the bucket map :meth:`iteration_done` last returned."""
         self._candidate: dict[int, tuple[int, torch.dtype]] | None = None
         """New sizes seen in one iteration, returned as the map if the next iteration sees them again."""
+        self.parameter_bytes: tuple[tuple[int, ...], ...] = ()
+        """Per bucket of the map :meth:`iteration_done` last returned, its parameters' bytes in the order of their
+        names (empty where the names are)."""
         self._hook_said = False
         """Whether the user's own comm hook (whose collectives bypass the tap) was warned about."""
         self._open: dict[int, int] = {}
@@ -265,13 +268,14 @@ class BucketTimer:
             return None
         self._sent, self._candidate = sizes, None
         names = _bucket_names(self._ddp, [sizes[i] for i in sorted(sizes)])
-        return [wire.Bucket(i, sizes[i][0], names[n]) for n, i in enumerate(sorted(sizes))]
+        self.parameter_bytes = tuple(tuple(b for _, b in bucket) for bucket in names) if all(names) else ()
+        return [wire.Bucket(i, sizes[i][0], tuple(n for n, _ in names[k])) for k, i in enumerate(sorted(sizes))]
 
 
-def _bucket_names(ddp: Any, buckets: list[tuple[int, torch.dtype]]) -> list[tuple[str, ...]]:
-    """The parameters of each bucket, in DDP's order: the order gradients became ready in the last iteration
-    (which the reducer rebuilt its buckets to), cut at each bucket's bytes; else DDP's initial order (reverse
-    registration). Names are best effort, for people: empty where neither order adds up to the sizes."""
+def _bucket_names(ddp: Any, buckets: list[tuple[int, torch.dtype]]) -> list[tuple[tuple[str, int], ...]]:
+    """The parameters of each bucket with their bytes, in DDP's order: the order gradients became ready in the last
+    iteration (which the reducer rebuilt its buckets to), cut at each bucket's bytes; else DDP's initial order
+    (reverse registration). Best effort: empty where neither order adds up to the sizes."""
     params = [(n.replace("_orig_mod.", ""), p) for n, p in ddp.module.named_parameters()
               if p.requires_grad and n not in getattr(ddp, "parameters_to_ignore", ())]
     orders: list[list[int]] = []
@@ -287,21 +291,22 @@ def _bucket_names(ddp: Any, buckets: list[tuple[int, torch.dtype]]) -> list[tupl
 
 
 def _cut(order: list[int], params: list[tuple[str, torch.nn.Parameter]],
-         buckets: list[tuple[int, torch.dtype]]) -> list[tuple[str, ...]] | None:
+         buckets: list[tuple[int, torch.dtype]]) -> list[tuple[tuple[str, int], ...]] | None:
     if sorted(order) != list(range(len(params))):
         return None
-    names: list[tuple[str, ...]] = []
+    names: list[tuple[tuple[str, int], ...]] = []
     at = 0
     for size, dtype in buckets:
-        taken: list[str] = []
+        taken: list[tuple[str, int]] = []
         total = 0
         while total < size and at < len(order):
             name, param = params[order[at]]
             at += 1
             if param.dtype != dtype:
                 return None
-            taken.append(name)
-            total += param.numel() * param.element_size()
+            nbytes = param.numel() * param.element_size()
+            taken.append((name, nbytes))
+            total += nbytes
         if total != size:
             return None
         names.append(tuple(taken))

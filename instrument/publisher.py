@@ -24,6 +24,11 @@ QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
 
 SNDHWM: Final = 1000
+SNDBUF_BYTES: Final = 16 * 1024
+"""The kernel's send buffer for a rank's connection (Linux doubles it: ~50 iteration frames of a small model). A
+connection cut after :data:`UNACKED_TIMEOUT_MS` loses what its kernel buffer held, and left to itself that buffer
+grows to megabytes when the link is slow or the monitor stopped; kept small, the frames wait in ZeroMQ's queue
+(:data:`SNDHWM`) instead, which outlives the connection. One rank's frames need far less than it carries."""
 GPU_POLL_S: Final = 0.02
 """While an iteration's CUDA events have not run yet, how often the publisher thread looks again. Otherwise it
 sleeps until something is enqueued, a monitor subscribes, or a hello or calibration is due."""
@@ -153,7 +158,8 @@ class Publisher:
         self._auth = ""
         self.refused = 0
         """Handshakes the monitor refused (``--auth`` and a rank without the key, or with another)."""
-        self._buckets: list[wire.Bucket] | None = None
+        self._buckets: tuple[tuple[wire.Bucket, ...], tuple[tuple[int, ...], ...]] | None = None
+        """The last bucket map and its parameters' bytes, sent again after every hello."""
         self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
         """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
         self._stop = threading.Event()
@@ -184,9 +190,9 @@ class Publisher:
         self._queue.append(("iter", iteration, events))
         self._wake()
 
-    def put_buckets(self, buckets: list[wire.Bucket]) -> None:
-        """The final bucket map; sent now and again with every hello."""
-        self._queue.append(("buckets", buckets, None))
+    def put_buckets(self, buckets: list[wire.Bucket], parameter_bytes: tuple[tuple[int, ...], ...] = ()) -> None:
+        """The final bucket map (and its parameters' bytes, where known); sent now and again with every hello."""
+        self._queue.append(("buckets", (tuple(buckets), parameter_bytes), None))
         self._wake()
 
     def _wake(self) -> None:
@@ -233,6 +239,7 @@ class Publisher:
             sock.setsockopt(zmq.XPUB_NODROP, 1)
             sock.setsockopt(zmq.SNDHWM, SNDHWM)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDBUF, SNDBUF_BYTES)
             reconnect_quickly(sock)
             auth = self._auth = os.environ.get(AUTH_ENV, "")
             if auth:
@@ -264,7 +271,8 @@ class Publisher:
     def _send_hello(self, sock: zmq.Socket[bytes]) -> None:
         self._send(sock, wire.encode(dataclasses.replace(self._hello(self.seq), sender=self.sender)))
         if self._buckets is not None:
-            self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, tuple(self._buckets), self.sender)))
+            buckets, sizes = self._buckets
+            self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, buckets, self.sender, sizes)))
 
     def _send_heartbeat(self, sock: zmq.Socket[bytes]) -> None:
         assert self._where is not None
@@ -366,7 +374,7 @@ class Publisher:
             if kind == "buckets":
                 self._queue.popleft()
                 self._buckets = body
-                self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, tuple(body), self.sender)))
+                self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, body[0], self.sender, body[1])))
                 continue
             if self._resolver is not None:
                 if not self._resolver.ready(events):

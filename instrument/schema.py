@@ -194,6 +194,42 @@ class Map(FieldType):
         return "nil or map (below)"
 
 
+@dataclass(frozen=True, slots=True)
+class AddedMap(Map):
+    """A :class:`Map` added to a frame after its version was fixed: left off the wire when nil, so a frame without
+    it is byte for byte what it was before the field existed, and older monitors ignore it."""
+
+    omitted_when_absent: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return "map (below); left out when nil"
+
+
+@dataclass(frozen=True, slots=True)
+class AddedIntLists(FieldType):
+    """Lists of non-negative integers (one list per entry of a sibling field), added after the frame's version was
+    fixed: left off the wire when there are none."""
+
+    absent: ClassVar[Any] = ()
+    omitted_when_absent: ClassVar[bool] = True
+
+    def decode(self, value: Any, key: str, where: str) -> tuple[tuple[int, ...], ...]:
+        if not isinstance(value, (list, tuple)):
+            raise WireError(f"{_within(where)}field {key!r} must be a list of lists of integers")
+        out = []
+        for i, row in enumerate(value):
+            if not isinstance(row, (list, tuple)) or not all(type(x) is int and 0 <= x <= INT64_MAX for x in row):
+                raise WireError(f"{_within(where)}field {key!r}: entry {i} must be a list of non-negative integers")
+            out.append(tuple(row))
+        return tuple(out)
+
+    def encode(self, value: Any) -> Any:
+        return tuple(list(row) for row in value)  # () when empty: equal to ``absent``, so left out
+
+    def describe(self) -> str:
+        return "list of lists of non-negative integers; left out when empty"
+
+
 Check = Callable[[Mapping[str, Any], str], None]
 """A rule across fields, run once its field is decoded: (the values decoded so far by attribute, where)."""
 

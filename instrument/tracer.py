@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -82,10 +83,12 @@ class TimedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self._iterable)
-        now = time.perf_counter_ns
+        now, cpu = time.perf_counter_ns, time.thread_time_ns
         tracer = self._tracer
+        share = tracer._wait_share
         while True:
             start = tracer._loading = now()
+            used = cpu()
             try:
                 item = next(it)
             except StopIteration:
@@ -93,7 +96,9 @@ class TimedLoader:
             finally:
                 tracer._loading = None
             if tracer._on:
-                tracer._main_task(("io", "load", "next", "main", start, now(), 0))
+                end = now()
+                tracer._main_task(("io", "load", "next", "main", start, end, 0))
+                share.add(cpu() - used, end - start)
             yield item
 
 
@@ -175,6 +180,12 @@ class Tracer:
         self._optimizers: list[Any] = []
         self._update_starts: dict[str, Any] = {}
         self._loading: int | None = None
+        self._loader_said: wire.Loader | None = None
+        """The settings of the DataLoader last given to :meth:`loader`, sent with each hello."""
+        from instrument.loader import WaitShare
+
+        self._wait_share = WaitShare()
+        """How much of the loader's wait is CPU work on the training thread, sent with the loader's settings."""
         """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
         self._open_seen: dict[str, int] = {}
         """Open task → when the publisher thread first saw it open, for starts it cannot read as ns (CUDA events)."""
@@ -308,7 +319,11 @@ class Tracer:
     # ------------------------------------------------------------------ the attach API
 
     def loader(self, iterable: Iterable[Any]) -> TimedLoader:
-        """Iterate ``iterable`` timing each wait: ("io", "load", "next", "main")."""
+        """Iterate ``iterable`` timing each wait: ("io", "load", "next", "main"). A DataLoader's settings go out
+        with the next hello (the advisor's input pipeline advice)."""
+        from instrument.loader import describe_loader
+
+        self._loader_said = describe_loader(iterable) or self._loader_said
         return TimedLoader(self, iterable)
 
     def to_device(self, batch: Any, device: Any) -> Any:
@@ -572,7 +587,7 @@ class Tracer:
         if self._comm is not None:
             buckets = self._comm.iteration_done()  # a new map each time DDP rebuilds its buckets
             if buckets is not None:
-                self._publisher.put_buckets(buckets)
+                self._publisher.put_buckets(buckets, self._comm.parameter_bytes)
 
     def _where(self) -> tuple[int, str, int]:
         """The iteration under way, the task open in it and since when: read on the publisher thread for its
@@ -623,6 +638,8 @@ class Tracer:
             granularity=self.granularity, wall_ns=time.time_ns(), mono_ns=time.perf_counter_ns(),
             units=self._units_said[: wire.MAX_NAME_CHARS], job=self._job.run_id, master=self._job.master,
             restart=self._job.restart, started_ns=self.started_ns,
+            loader=None if self._loader_said is None else dataclasses.replace(
+                self._loader_said, wait_cpu_permille=self._wait_share.permille()),
         )
 
 

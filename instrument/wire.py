@@ -20,6 +20,8 @@ from instrument.events import CATEGORIES, CATEGORY_CODE, LANE_CODE, LANES, PHASE
 from instrument.schema import (
     Added,
     AddedInt,
+    AddedIntLists,
+    AddedMap,
     FieldType,
     Int,
     Layout,
@@ -35,7 +37,8 @@ from instrument.schema import (
 from instrument.wire_events import ColumnarEvents, Count, EventList, Name, Vocabulary
 
 __all__ = ["CATEGORIES", "DEFAULT_ENDPOINT", "LANES", "PHASES", "WIRE_VERSION", "Bucket", "Buckets", "Bye", "Event",
-           "EventColumns", "Frame", "GpuStats", "Heartbeat", "Hello", "HostStats", "IterationBatch", "Telemetry", "WireError",
+           "EventColumns", "Frame", "GpuStats", "Heartbeat", "Hello", "HostStats", "IterationBatch", "Loader", "Telemetry",
+           "WireError",
            "decode", "encode", "encode_iteration"]
 
 WIRE_VERSION: Final = 2
@@ -82,6 +85,13 @@ def _rank_below_world(values: Mapping[str, Any], where: str) -> None:
         raise WireError(f"rank {values['rank']} is not below world size {values['world']}")
 
 
+def _bytes_per_name(values: Mapping[str, Any], where: str) -> None:
+    sizes, buckets = values["parameter_bytes"], values["buckets"]
+    if sizes and (len(sizes) != len(buckets) or any(len(s) != len(b.parameters) or sum(s) != b.bytes
+                                                    for s, b in zip(sizes, buckets))):
+        raise WireError("param_bytes must give each bucket's parameters their bytes, adding up to the bucket's")
+
+
 def _used_within_total(values: Mapping[str, Any], where: str) -> None:
     used, total = values["mem_used"], values["mem_total"]
     if used is not None and total is not None and used > total:
@@ -97,6 +107,26 @@ DROPPED_QUEUE: Final = wire(AddedInt(), "of `dropped`, those the training thread
 SENDER: Final = wire(AddedInt(0, 2**31 - 1), "the sending process: a number the shim picks at random when it "
                                              "attaches (a restarted rank picks another); 0 from older ranks")
 MAX_JOB_CHARS: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Loader:
+    """The DataLoader a rank iterates through ``tracer.loader(...)``, as its settings say: what the advisor needs to
+    say how many workers to use and how long an epoch is."""
+
+    workers: int = field(metadata=wire(Int(0, MAX_RANKS), "`num_workers`"))
+    batch_size: int | None = field(metadata=wire(OptInt(1), "samples per batch; nil when the loader has no "
+                                                            "`batch_size` (a batch sampler of its own)"))
+    batches: int | None = field(metadata=wire(OptInt(), "`len(loader)`: batches per epoch on this rank; nil for an "
+                                                        "iterable without a length"))
+    prefetch_factor: int | None = field(metadata=wire(OptInt(), "batches each worker loads ahead; nil without "
+                                                                "workers"))
+    pin_memory: int = field(metadata=wire(Int(0, 1), "1 if `pin_memory=True`"))
+    persistent_workers: int = field(metadata=wire(Int(0, 1), "1 if `persistent_workers=True`"))
+    wait_cpu_permille: int | None = field(default=None, metadata=wire(
+        OptInt(0, 1000), "the training thread's CPU time inside `next()` per thousand of its wall time there, "
+                         "recent batches weighing most: without workers, how much of making a batch is CPU work; "
+                         "nil before the first batch"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +167,9 @@ class Hello:
     started_ns: int = field(default=0, metadata=wire(AddedInt(), "`time.time_ns()` when the shim attached in this "
                                                                  "process; 0 from older ranks"))
     sender: int = field(default=0, metadata=SENDER)
+    loader: Loader | None = field(default=None, metadata=wire(
+        AddedMap(Loader), "the DataLoader given to `tracer.loader()`, once it is; absent before, or for an iterable "
+                          "that is not a DataLoader"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +236,10 @@ class Buckets:
     buckets: tuple[Bucket, ...] = field(metadata=wire(BucketList(), "per bucket index: its bytes and its "
                                                                     "parameters' names, in bucket order"))
     sender: int = field(default=0, metadata=SENDER)
+    parameter_bytes: tuple[tuple[int, ...], ...] = field(default=(), metadata=wire(
+        AddedIntLists(), "per bucket, the bytes of each of its parameters, in the order of its names (what the "
+                         "advisor regroups); empty where the names are, and from older ranks",
+        key="param_bytes", check=_bytes_per_name))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dagtop.model.cost import NO_TERMS, CostTerms
 from dagtop.sources import RecordingSource
 from dagtop.telemetry import HostSample, TelemetrySample
 from dagtop.ui.app import make_app
@@ -29,8 +30,13 @@ SHOTS = {
     "compute": "demo-compute.dagtop",
     "allreduce": "demo-allreduce.dagtop",
     "straggler": "demo-straggler1-io.dagtop",
+    "advice": "demo-advice.dagtop",
 }
-"""Screenshot name → fixture: one per bottleneck, and a straggler."""
+"""Screenshot name → fixture: one per bottleneck, a straggler, and the advice screen."""
+KEYS = {"advice": ("a",)}
+"""Screenshot name → keys pressed once the fixture is read (a modal screen over the main one)."""
+TERMS = {"advice": CostTerms(gpu_hour_price=2.5, epoch_samples=1_281_167)}
+"""Screenshot name → what the advice prices with: ImageNet's training set at $2.50 a GPU-hour."""
 
 
 def frozen_telemetry() -> TelemetrySample:
@@ -38,8 +44,10 @@ def frozen_telemetry() -> TelemetrySample:
                            (), "no NVIDIA GPU (NVML library not found)")
 
 
-async def render(fixture: Path, out: Path, size: tuple[int, int]) -> None:
-    app = make_app(RecordingSource(fixture, speed=0), sampler=frozen_telemetry, source_label=f"replay {fixture.name}")
+async def render(fixture: Path, out: Path, size: tuple[int, int], keys: tuple[str, ...] = (),
+                 terms: CostTerms = NO_TERMS) -> None:
+    app = make_app(RecordingSource(fixture, speed=0), sampler=frozen_telemetry, source_label=f"replay {fixture.name}",
+                   cost_terms=terms)
     async with app.run_test(size=size) as pilot:
         for _ in range(400):
             if app.shown.finished:
@@ -47,6 +55,8 @@ async def render(fixture: Path, out: Path, size: tuple[int, int]) -> None:
             await pilot.pause(0.05)
         if not app.shown.finished:
             raise RuntimeError(f"{fixture} was not read to its end")
+        for key in keys:
+            await pilot.press(key)
         await pilot.pause()
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
@@ -73,7 +83,7 @@ def main() -> int:
         return 2
     for name, fixture in SHOTS.items():
         svg = out_dir / f"{name}.svg"
-        asyncio.run(render(FIXTURES / fixture, svg, (cols, rows)))
+        asyncio.run(render(FIXTURES / fixture, svg, (cols, rows), KEYS.get(name, ()), TERMS.get(name, NO_TERMS)))
         print(svg)
         if args.png:
             print(to_png(svg))

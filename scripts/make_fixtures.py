@@ -20,7 +20,10 @@ SCENARIOS: dict[str, dict[str, object]] = {
     "compute": {"bottleneck": "compute"},
     "allreduce": {"bottleneck": "allreduce"},
     "straggler1-io": {"bottleneck": "io", "straggler": 1},
+    "advice": {"bottleneck": "io"},
 }
+"""Name → the demo's settings. ``advice`` is the io job recorded by a shim that sends the DataLoader's settings and
+the buckets' parameter sizes (what the advice screen needs; the older fixtures predate them)."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from dagtop.advise import advice_of
 from dagtop.model.analysis import segments_ms
+from dagtop.model.cost import NO_TERMS, CostTerms
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import Snapshot
 from dagtop.recording import RawFrame
@@ -30,11 +32,16 @@ WINDOW = 20
 class SnapshotCollector(Collector):
     """The metric families of the newest snapshot, built at scrape time."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], terms: CostTerms = NO_TERMS) -> None:
         self._snapshot = snapshot
+        self._terms = terms
+        self._advised: tuple[Snapshot, list[Any]] | None = None
+        """The advice's families and the snapshot they were made from: made again only for a new snapshot."""
 
     def collect(self) -> Iterator[Any]:
         snap = self._snapshot()
+        if self._advised is None or self._advised[0] is not snap:
+            self._advised = (snap, list(advice_families(snap, self._terms)))
         recent = [a for a in snap.iterations if a.complete][-WINDOW:]
         latest = recent[-1] if recent else None
 
@@ -100,6 +107,48 @@ class SnapshotCollector(Collector):
         for r, rate in _rank_rates(snap).items():
             rates.add_metric([str(r)], rate)
         yield rates
+        yield from self._advised[1]
+
+
+def advice_families(snap: Snapshot, terms: CostTerms) -> Iterator[Any]:
+    """The advice (what the screen's ``a`` shows): each change's predicted throughput and step, the epoch priced,
+    the waste so far."""
+    advice, priced = advice_of(snap, snap.iterations, terms)
+    held = GaugeMetricFamily("dagtop_advice_held", "1 while nothing is advised (too few steady iterations, or the "
+                             "model replays them over 5 % off)")
+    held.add_metric([], 1 if advice.held else 0)
+    yield held
+    labels = ["kind", "change", "confidence"]
+    gain = GaugeMetricFamily("dagtop_advice_throughput_ratio", "Samples/s predicted with the change over samples/s "
+                             "now, per advised change (fixes and more workers)", labels=labels)
+    step = GaugeMetricFamily("dagtop_advice_step_seconds", "The step time predicted with the change", labels=labels)
+    best = GaugeMetricFamily("dagtop_advice_best", "1 for the change the advice puts first", labels=["kind", "change"])
+    for c in (*advice.fixes, *advice.buys):
+        if c.throughput is not None and c.step_ms is not None:
+            key = [str(c.kind), c.title, str(c.confidence)]
+            gain.add_metric(key, c.throughput)
+            step.add_metric(key, c.step_ms / 1e3)
+    if advice.best is not None:
+        best.add_metric([str(advice.best.kind), advice.best.title], 1)
+    yield from (gain, step, best)
+    hours = GaugeMetricFamily("dagtop_epoch_gpu_hours", "GPU-hours per epoch now and with each change (needs the "
+                              "epoch's length: --epoch-samples or the DataLoader's)", labels=["change"])
+    dollars = GaugeMetricFamily("dagtop_epoch_cost_dollars", "Dollars per epoch now and with each change "
+                                "(--gpu-hour-price)", labels=["change"])
+    if priced.now is not None:
+        for name, e in (("now", priced.now), *((c.title, e) for c, e in priced.rows)):
+            hours.add_metric([name], e.gpu_hours)
+            if e.dollars is not None:
+                dollars.add_metric([name], e.dollars)
+    yield from (hours, dollars)
+    w = priced.waste
+    lost = GaugeMetricFamily("dagtop_waste_gpu_hours", "GPU-hours lost over the iterations kept, by cause, each "
+                             "alone (they overlap)", labels=["cause"])
+    for cause, value in (("communication", w.communication), ("loading", w.loading), ("straggler", w.straggler)):
+        lost.add_metric([cause], value)
+    yield lost
+    yield GaugeMetricFamily("dagtop_observed_gpu_hours", "GPU-hours of the steady iterations kept (what the waste "
+                            "is a share of)", value=w.gpu_hours)
 
 
 def _rank_rates(snap: Snapshot) -> dict[int, float]:
@@ -126,11 +175,12 @@ class MetricsServer:
         MetricsError: the address cannot be bound.
     """
 
-    def __init__(self, snapshot: Callable[[], Snapshot], address: tuple[str, int]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], address: tuple[str, int],
+                 terms: CostTerms = NO_TERMS) -> None:
         from prometheus_client import start_http_server
 
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(snapshot))
+        self.registry.register(SnapshotCollector(snapshot, terms))
         host, port = address
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
@@ -152,9 +202,10 @@ class MeteredSource(FrameSource):
         MetricsError: the address cannot be bound.
     """
 
-    def __init__(self, source: FrameSource, address: tuple[str, int], ranks: int | None = None) -> None:
+    def __init__(self, source: FrameSource, address: tuple[str, int], ranks: int | None = None,
+                 terms: CostTerms = NO_TERMS) -> None:
         self.pipeline = Pipeline(expected_ranks=ranks)
-        self.server = MetricsServer(self.pipeline.snapshot, address)
+        self.server = MetricsServer(self.pipeline.snapshot, address, terms)
         self.source = source
         self.live = source.live
 

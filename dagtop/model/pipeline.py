@@ -45,6 +45,8 @@ class Pipeline:
         """The monitor's clock as of the latest feed or expiry."""
         self._snapshot: Snapshot | None = None
         self._telemetry_shown: tuple[wire.Telemetry, ...] = ()
+        self._buckets: dict[int, wire.Buckets] = {}
+        """Each rank's latest bucket map (the advisor regroups it)."""
 
     # ------------------------------------------------------------------ feeding
 
@@ -60,6 +62,8 @@ class Pipeline:
                         self._clocks.hello(frame)
                     elif isinstance(frame, wire.IterationBatch):
                         self._completion.add(admitted, frame)
+                    elif isinstance(frame, wire.Buckets) and frame.buckets:
+                        self._buckets[frame.rank] = frame
             self._completion.settle(self._admission.received_ns)
             self.liveness.tick(self._admission.received_ns)
             self._snapshot = None
@@ -154,6 +158,7 @@ class Pipeline:
             losses=admission.losses,
             runs=admission.jobs.run_infos(),
             job_line=self._job_line(),
+            buckets=self._buckets[min(self._buckets)] if self._buckets else None,
         )
 
     def _job_line(self) -> str:
@@ -194,4 +199,5 @@ class Pipeline:
             last_seen_ns=s.last_seen_ns,
             clock_offset_ns=clock_offset_ns,
             connected=s.bye is None and not self._finished and rank not in dead,
+            loader=h.loader if h else None,
         )

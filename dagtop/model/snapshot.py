@@ -15,7 +15,7 @@ from dagtop.model.change import Change
 from dagtop.model.jobs import Losses, RunInfo
 from dagtop.model.liveness import LivenessView
 from dagtop.model.tasks import Tasks
-from instrument.wire import Telemetry
+from instrument.wire import Buckets, Loader, Telemetry
 
 WARM_UP = 1
 """Iterations ``0 .. WARM_UP - 1`` are warm-up, not the job's steady state: DDP rebuilds its buckets after
@@ -324,6 +324,8 @@ class RankInfo:
     clock_offset_ns: int
     """Estimated offset added to this rank's clock to put it on the common clock (0 on one host)."""
     connected: bool
+    loader: Loader | None = None
+    """The settings of the DataLoader the rank times (its hello's), None where it times none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +361,9 @@ class Snapshot:
     """The followed job's runs (a restart begins a new one), oldest first."""
     job_line: str = ""
     """What the screen says of the job itself for a while: a restart just now, a second job publishing here."""
+    buckets: Buckets | None = None
+    """DDP's bucket map as the lowest rank that sent one has it (the same on every rank): which parameters, of how
+    many bytes, each bucket holds. None before DDP rebuilt its buckets, or without DDP."""
 
     @property
     def latest(self) -> IterationAnalysis | None:

@@ -8,11 +8,13 @@ every rank is ready (so a slow rank delays everyone); the update waits for all o
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dagtop.model.buckets import ddp_buckets
 from dagtop.recording import RawFrame
 from instrument import wire
 
@@ -40,6 +42,13 @@ class SyntheticJob:
     slow_ranks: Sequence[int] = ()
     slow_category: str = "io"
     slow_factor: float = 4.0
+    block_bytes: Sequence[int] = ()
+    """Gradient bytes of each block (one parameter each, ``blockN.weight``). Given, they replace ``buckets`` and
+    ``bucket_bytes``: the buckets are DDP's for ``bucket_limits`` over the blocks in backward order, and every rank
+    sends its bucket map after iteration 1."""
+    bucket_limits: Sequence[int] = (1 << 20, 25 << 20)
+    loader: wire.Loader | None = None
+    """The DataLoader the hellos describe."""
 
 
 def _slow(job: SyntheticJob, rank: int, category: str) -> float:
@@ -66,7 +75,7 @@ def synthetic_frames(
     if hello:
         for r in range(job.ranks):
             h = wire.Hello(seq[r], r, job.ranks, r, host, 10_000 + r, "cpu", "synthetic", "SyntheticNet",
-                           11_000_000, "block", 1_700_000_000 * 10**9, start_ns)
+                           11_000_000, "block", 1_700_000_000 * 10**9, start_ns, loader=job.loader)
             frames.append((start_ns, wire.encode_hello(h)))
             seq[r] += 1
 
@@ -76,10 +85,21 @@ def synthetic_frames(
     # Buckets fill from the last block backwards, as DDP orders them.
     per_bucket = max(1, job.blocks // job.buckets)
     bucket_of_block = {b: min((job.blocks - 1 - b) // per_bucket, job.buckets - 1) for b in range(job.blocks)}
+    sizes = [job.bucket_bytes] * job.buckets
+    if job.block_bytes:
+        backward = list(reversed(range(job.blocks)))
+        counts = ddp_buckets([job.block_bytes[b] for b in backward], job.bucket_limits)
+        owner = [k for k, n in enumerate(counts) for _ in range(n)]
+        bucket_of_block = {b: owner[i] for i, b in enumerate(backward)}
+        sizes = [sum(job.block_bytes[b] for b in range(job.blocks) if bucket_of_block[b] == k) for k in range(len(counts))]
+        names = [tuple(f"{blocks[b]}.weight" for b in backward if bucket_of_block[b] == k) for k in range(len(counts))]
+        bucket_map = wire.Buckets(0, 0, tuple(wire.Bucket(k, sizes[k], names[k]) for k in range(len(counts))),
+                                  parameter_bytes=tuple(tuple(job.block_bytes[b] for b in backward
+                                                              if bucket_of_block[b] == k) for k in range(len(counts))))
 
     for it in range(first_iteration, first_iteration + iterations):
         events: list[list[tuple[str, str, str, str, int, int, int]]] = [[] for _ in range(job.ranks)]
-        ready: list[list[int]] = [[0] * job.buckets for _ in range(job.ranks)]
+        ready: list[list[int]] = [[0] * len(sizes) for _ in range(job.ranks)]
         backward_end = [0] * job.ranks
         for r in range(job.ranks):
             t = clock[r] + gap
@@ -101,15 +121,15 @@ def synthetic_frames(
             backward_end[r] = t
         channel = 0
         bucket_end = []
-        for k in range(job.buckets):
+        for k in range(len(sizes)):
             start = max(max(ready[r][k] for r in range(job.ranks)), channel)
-            mb = job.bucket_bytes / 1e6
+            mb = sizes[k] / 1e6
             slow = max(_slow(job, r, "allreduce") for r in range(job.ranks))
             end = start + d((job.allreduce_alpha_ms + job.allreduce_ms_per_mb * mb) * slow)
             channel = end
             bucket_end.append(end)
             for r in range(job.ranks):
-                events[r].append(("allreduce", "allreduce", f"bucket {k}", "comm", ready[r][k], end, job.bucket_bytes))
+                events[r].append(("allreduce", "allreduce", f"bucket {k}", "comm", ready[r][k], end, sizes[k]))
         for r in range(job.ranks):
             t = max(backward_end[r], channel) + gap
             dur = d(job.update_ms * _slow(job, r, "compute"))
@@ -117,6 +137,9 @@ def synthetic_frames(
             clock[r] = t + dur
             frames.append((t + dur + 200_000, wire.encode_iteration(seq[r], r, it, events[r], 0)))
             seq[r] += 1
+            if job.block_bytes and it == 1:
+                frames.append((t + dur + 300_000, wire.encode(dataclasses.replace(bucket_map, seq=seq[r], rank=r))))
+                seq[r] += 1
 
     frames.sort(key=lambda f: f[0])
     return [RawFrame(received, payload) for received, payload in frames]

@@ -14,13 +14,16 @@ from textual.reactive import reactive
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from dagtop.advise import advice_of
 from dagtop.exits import Exit
+from dagtop.model.cost import NO_TERMS, CostTerms
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import EMPTY_SNAPSHOT, IterationAnalysis, Snapshot
 from dagtop.sources import FrameSource
 from dagtop.telemetry import Sampler
 from dagtop.ui.collector import Collector
 from dagtop.ui.keys import RANK_SCROLL_KEYS, SCREEN_KEYS
+from dagtop.ui.screens.advice import AdviceScreen
 from dagtop.ui.screens.help import HelpScreen
 from dagtop.ui.screens.rank_picker import RankPicker
 from dagtop.ui.screens.what_if import WhatIfScreen
@@ -73,8 +76,10 @@ class DagtopApp(App[int]):
 
     def __init__(self, collector: Collector, *, source_label: str, live: bool, job: Job | None = None,
                  job_log: str = "", waiting_hint: str = "", clock: Callable[[], int] = time.perf_counter_ns,
-                 frame_interval_s: float = FRAME_INTERVAL_S) -> None:
+                 frame_interval_s: float = FRAME_INTERVAL_S, cost_terms: CostTerms = NO_TERMS) -> None:
         super().__init__()
+        self.cost_terms = cost_terms
+        """What the advice screen prices its changes with (--gpu-hour-price, --epoch-samples, --batch-size)."""
         self.collector = collector
         self.source_label = source_label
         self.live = live
@@ -237,6 +242,15 @@ class DagtopApp(App[int]):
             return
         self.push_screen(WhatIfScreen(analysis))
 
+    def action_advice(self) -> None:
+        shown = self.shown_analysis()
+        if shown is None:
+            self.notify("no iteration analysed yet")
+            return
+        # As of the iteration shown: browsing back gives the advice as it stood then.
+        analyses = [a for a in self.shown.iterations if a.iteration <= shown.iteration]
+        self.push_screen(AdviceScreen(*advice_of(self.shown, analyses, self.cost_terms)))
+
     def action_sort_ranks(self) -> None:
         self.query_one(RankTable).cycle_sort()
 
@@ -250,7 +264,7 @@ class DagtopApp(App[int]):
 def make_app(source: FrameSource, *, source_label: str | None = None, expected_ranks: int | None = None,
              sampler: Sampler | None = None, pipeline: Pipeline | None = None, job: Job | None = None,
              job_log: str = "", clock: Callable[[], int] = time.perf_counter_ns,
-             frame_interval_s: float = FRAME_INTERVAL_S) -> DagtopApp:
+             frame_interval_s: float = FRAME_INTERVAL_S, cost_terms: CostTerms = NO_TERMS) -> DagtopApp:
     """The app on ``source``: the CLI, the tests and the screenshot script all build it here.
 
     Args:
@@ -275,4 +289,4 @@ def make_app(source: FrameSource, *, source_label: str | None = None, expected_r
         hint = "waiting for ranks to publish…"
     collector = Collector(source, pipeline, sampler, clock=clock, expected_ranks=expected_ranks)
     return DagtopApp(collector, source_label=source_label, live=source.live, job=job, job_log=job_log,
-                     waiting_hint=hint, clock=clock, frame_interval_s=frame_interval_s)
+                     waiting_hint=hint, clock=clock, frame_interval_s=frame_interval_s, cost_terms=cost_terms)

@@ -12,6 +12,7 @@ SCREEN_KEYS: tuple[Binding, ...] = (
     Binding("right", "step(1)", "Next it", tooltip="next iteration, while paused"),
     Binding("r", "pick_rank", "Rank", tooltip="focus a rank: its rows first and highlighted"),
     Binding("w", "what_if", "What-if", tooltip="what-if details: each change and what it means"),
+    Binding("a", "advice", "Advice", tooltip="advice: the changes to make, ranked by predicted gain; fix vs buy"),
     Binding("s", "sort_ranks", "Sort",
             tooltip="sort the ranks table by the next column; ↑ ↓ PgUp PgDn Home End scroll it"),
     Binding("question_mark", "help", "Help", tooltip="this help"),

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dagtop.advise import terms_of
 from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
 from dagtop.model.pipeline import Pipeline
@@ -67,19 +68,19 @@ def run_live(args: argparse.Namespace) -> int:
     pipeline = Pipeline(expected_ranks=args.ranks, bandwidth_gbps=getattr(args, "bandwidth", None))
     if getattr(args, "metrics_port", None) is None:
         return _run(source, expected_ranks=args.ranks, pipeline=pipeline,
-                    frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
+                    frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S), cost_terms=terms_of(args))
     from dagtop.interop.metrics import MetricsError, MetricsServer
 
     # The screen's own pipeline: Prometheus sees what the screen shows.
     try:
-        server = MetricsServer(pipeline.snapshot, args.metrics_port)
+        server = MetricsServer(pipeline.snapshot, args.metrics_port, terms_of(args))
     except MetricsError as exc:
         source.close()
         print(f"dagtop: {exc}", file=sys.stderr)
         return Exit.CANNOT_BIND
     try:
         return _run(source, expected_ranks=args.ranks, pipeline=pipeline,
-                    frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
+                    frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S), cost_terms=terms_of(args))
     finally:
         server.close()
 
@@ -98,7 +99,7 @@ def run_replay(args: argparse.Namespace) -> int:
     speed = "" if args.speed <= 0 else f" ×{args.speed:g}"
     return _run(source, source_label=f"replay {path.name}{speed}",
                 pipeline=Pipeline(bandwidth_gbps=getattr(args, "bandwidth", None)),
-                frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S))
+                frame_interval_s=getattr(args, "refresh", FRAME_INTERVAL_S), cost_terms=terms_of(args))
 
 
 def run_demo_live(args: argparse.Namespace, job: Any, source: ZmqSource) -> int:
@@ -110,7 +111,7 @@ def run_demo_live(args: argparse.Namespace, job: Any, source: ZmqSource) -> int:
         if args.straggler is not None:
             label += f" · straggler {args.straggler}"
         return _run(source, source_label=label, expected_ranks=args.ranks, job=job,
-                    job_log=str(getattr(job, "log_path", "")))
+                    job_log=str(getattr(job, "log_path", "")), cost_terms=terms_of(args))
     finally:
         source.close()  # _run has, unless the job failed to start
         codes = job.stop(10.0)

@@ -1,0 +1,130 @@
+"""What to do next: the changes a user can make, each with the step time and throughput the model predicts for it,
+its evidence and a confidence, ranked; and the gate that holds advice back until the model can be trusted.
+
+Fixes (the same workers, a change to the job) come first, best throughput first; then buying (more workers, a
+faster network), each with its scaling efficiency; then what the model was asked and could not predict, each with
+why. Every prediction is the iteration as the DAG replays it with the change, over the steady verdict's window:
+``speedup`` is the replayed iteration now over the replayed iteration changed (medians), the step time shown is the
+measured one over that speedup.
+
+Nothing is advised from fewer iterations than the steady verdict's window (:data:`dagtop.model.verdict.WINDOW`) nor
+when the replay misses the measured iterations by more than :data:`MAX_REPLAY_ERROR` (ByteDance's straggler
+what-if discards such traces too, OSDI'25).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dagtop.model import verdict
+from dagtop.model.allreduce import fit
+from dagtop.model.analysis import model_error
+from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets
+from dagtop.model.candidate import MAX_REPLAY_ERROR, MIN_GAIN, Candidate, Confidence, Kind, Window
+from dagtop.model.candidates import MAKERS
+from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
+from instrument.wire import Buckets, Telemetry
+
+__all__ = ["MAX_REPLAY_ERROR", "MIN_GAIN", "WINDOW", "Advice", "Candidate", "Confidence", "Kind", "advise",
+           "advise_snapshot", "window_of"]
+
+WINDOW = 50
+"""Steady iterations the advice reads at most: its medians steady over more of them than the verdict's window (which
+is the least it needs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """The ranked candidates over a window of steady iterations, or why there are none yet."""
+
+    iterations: int
+    needed: int
+    step_ms: float
+    """The measured step, median over the window."""
+    replay_error: float
+    held: str
+    """Why nothing is advised ("" when advising)."""
+    fixes: tuple[Candidate, ...] = ()
+    """Changes to the job on the same workers, best throughput first."""
+    buys: tuple[Candidate, ...] = ()
+    """More workers, a faster network."""
+    withheld: tuple[Candidate, ...] = ()
+    buckets: BucketModel | None = None
+    last_iteration: int = -1
+    little: tuple[Candidate, ...] = ()
+    """Fixes predicted to gain under :data:`MIN_GAIN`: considered, not advised."""
+
+    @property
+    def best(self) -> Candidate | None:
+        """The change the advice leads with, among the fixes that gain at least :data:`MIN_GAIN` (a 'keep the
+        buckets' gains nothing): the one predicted to gain most among those that leave what the job computes alone,
+        else the best of those with a caveat."""
+        gaining = [c for c in self.fixes if (c.throughput or 0) >= 1 + MIN_GAIN]  # not a 'keep it as it is'
+        return next((c for c in gaining if not c.caveat), gaining[0] if gaining else None)
+
+    def headline(self) -> str:
+        """The first line a person reads: the best change and its gain, or why there is none."""
+        if self.held:
+            return f"no advice yet: {self.held}"
+        best = self.best
+        if best is None:
+            return (f"nothing to fix: no change to the job is predicted to gain {MIN_GAIN * 100:.0f} % or more "
+                    f"(step {self.step_ms:.1f} ms)")
+        assert best.step_ms is not None
+        weigh = f" (with a caveat: nothing without one gains {MIN_GAIN * 100:.0f} %)" if best.caveat else ""
+        return (f"best change: {best.title} ({best.kind}): throughput {best.gain}, step {self.step_ms:.1f} → "
+                f"{best.step_ms:.1f} ms{weigh}")
+
+
+def window_of(analyses: Sequence[IterationAnalysis]) -> list[IterationAnalysis]:
+    """The iterations advised on: the last :data:`WINDOW` that count towards the verdict."""
+    return [a for a in analyses if verdict.counts(a)][-WINDOW:]
+
+
+def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = (), buckets: Buckets | None = None,
+           telemetry: Sequence[Telemetry] = ()) -> Advice:
+    """Every candidate over the steady window of ``analyses`` (oldest first)."""
+    chosen = window_of(analyses)
+    needed = verdict.WINDOW
+    if not chosen:
+        return Advice(0, needed, 0.0, 0.0, f"no steady iteration analysed yet (the advice needs {needed})")
+    step = statistics.median(a.measured_ms for a in chosen)
+    error = statistics.median(model_error(a) for a in chosen)
+    last = chosen[-1].iteration
+    if len(chosen) < needed:
+        return Advice(len(chosen), needed, step, error, f"{len(chosen)} of the {needed} steady iterations the "
+                      "verdict needs", last_iteration=last)
+    if error > MAX_REPLAY_ERROR:
+        return Advice(len(chosen), needed, step, error, f"the model replays these iterations {error * 100:.1f} % off "
+                      f"what was measured (over {MAX_REPLAY_ERROR * 100:.0f} %): its predictions would not hold",
+                      last_iteration=last)
+    ranks_now = len(chosen[-1].ranks)
+    backwards = [b for b in map(backward_of, chosen) if b is not None]
+    comm = fit([o for b in backwards for o in b.observed()], ranks_now)
+    units = {k for b in backwards for k in b.ready}
+    layout = Layout.of(buckets, sorted(units)) if buckets is not None else None
+    model = model_buckets(layout, backwards, comm) if (
+        layout is not None and backwards and comm is not None and layout.mapped >= 0.5) else None
+    w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
+               tuple(backwards), layout, model, tuple(ranks), tuple(telemetry))
+    found = [c for make in MAKERS for c in make(w)]
+    predicted = [c for c in found if c.confidence is not Confidence.WITHHELD]
+    buying = {Kind.SCALE_OUT, Kind.NETWORK}
+    # A fix predicted to gain under MIN_GAIN is not worth the change (nor within what the model can tell), except
+    # a "keep it as it is", which is advice too. Those that change what the job computes (numerics, the
+    # optimisation) come after those that do not, whatever they gain: the user decides on them.
+    gaining = sorted((c for c in predicted if c.kind not in buying), key=lambda c: -(c.throughput or 0))
+    little = tuple(c for c in gaining if c.setting and (c.throughput or 0) < 1 + MIN_GAIN)
+    fixes = [c for c in gaining if c not in little and not c.caveat] + [c for c in gaining
+                                                                         if c not in little and c.caveat]
+    buys = [c for c in predicted if c.kind in buying]
+    withheld = [c for c in found if c.confidence is Confidence.WITHHELD]
+    return Advice(len(chosen), needed, step, error, "", tuple(fixes), tuple(buys), tuple(withheld), model, last,
+                  little)
+
+
+def advise_snapshot(snap: Snapshot) -> Advice:
+    """:func:`advise` on everything a snapshot holds."""
+    return advise(snap.iterations, snap.ranks, snap.buckets, snap.telemetry)

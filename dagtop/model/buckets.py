@@ -1,0 +1,296 @@
+"""Gradient buckets regrouped: DDP's bucketing rule, the wait-free backpropagation schedule of their all-reduces,
+and MG-WFBP's merge rule (Shi et al., INFOCOM'19) on the job's own α-β fit and backward times.
+
+DDP puts the parameters, in the order their gradients became ready in the previous iteration, into buckets: a
+bucket is closed once its bytes reach its limit (1 MiB for the first and 25 MiB for the rest by default;
+``bucket_cap_mb=X`` makes every limit X MiB, ``bucket_cap_mb_list`` gives one per bucket, the last repeated). A
+bucket is handed to the process group when its last gradient is ready and the bucket before it was handed over;
+the all-reduces run one after another, each costing ``t(M) = 2(P−1)α + 2(P−1)/P·M·β``. With per-block backward
+times this gives when the last all-reduce ends for any grouping: a grouping's cost is how much later than the
+backward that is (Shi et al.'s exposed communication, ``tc_start[1] + t_c[1] − (tb_start[1] + t_b[1])``).
+
+The all-reduce's cost is fitted on the job's own buckets with the stretch compute puts on it
+(:mod:`dagtop.model.allreduce`). A prediction is a difference of two such schedules on the same iteration (the
+buckets now, the buckets changed), taken off the iteration's replayed time: what the schedule does not model (compute, the update, the ranks' waits)
+is in both and cancels. The schedule of the buckets now is checked against the collectives observed
+(:attr:`BucketModel.error`).
+
+    >>> ddp_buckets([4, 4, 4, 4], [6])  # parameters per bucket: 4+4 reaches 6, then the next two
+    [2, 2]
+    >>> ddp_buckets([1, 1, 1, 1, 1], [1, 2])  # the first limit, then the last one repeated
+    [1, 2, 2]
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from dagtop.model.allreduce import AllReduce, Observed
+from dagtop.model.snapshot import IterationAnalysis
+from instrument.wire import Buckets
+
+MIB = 1 << 20
+DEFAULT_LIMITS = (1 * MIB, 25 * MIB)
+"""DDP's bucket limits when ``bucket_cap_mb`` is not given: a 1 MiB first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``),
+then 25 MiB. An explicit ``bucket_cap_mb=25`` is not the same: its first bucket is 25 MiB too."""
+CAPS_MB = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 32, 50, 64, 100, 128, 256, 512)
+"""The uniform ``bucket_cap_mb`` values tried."""
+RANKS_READ = 8
+"""Ranks whose backward is read per iteration: those that gated a bucket, the lowest rank first."""
+
+
+def ddp_buckets(sizes: Sequence[int], limits: Sequence[int]) -> list[int]:
+    """Parameters per bucket as DDP's reducer fills them (``compute_bucket_assignment_by_size``, one dtype): in
+    order, a bucket closes once its bytes reach its limit; limits are taken in turn, the last one repeated."""
+    counts: list[int] = []
+    n = total = 0
+    for size in sizes:
+        n, total = n + 1, total + size
+        if total >= limits[min(len(counts), len(limits) - 1)]:
+            counts.append(n)
+            n = total = 0
+    if n:
+        counts.append(n)
+    return counts
+
+
+def totals(sizes: Sequence[int], counts: Sequence[int]) -> list[int]:
+    """Bytes per bucket of a grouping (parameters per bucket) of ``sizes``."""
+    out, at = [], 0
+    for n in counts:
+        out.append(sum(sizes[at:at + n]))
+        at += n
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The gradients in the order DDP buckets them (the order they became ready), each with its bytes and the timed
+    block whose backward produces it, and the buckets now as parameters per bucket."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    blocks: tuple[str, ...]
+    """The timed unit each parameter belongs to (the longest unit name that prefixes it), "" where none does."""
+    now: tuple[int, ...]
+    _ready: dict[int, tuple[Backward, npt.NDArray[np.float64]]] = field(default_factory=dict, compare=False,
+                                                                        repr=False)
+
+    @classmethod
+    def of(cls, frame: Buckets, units: Sequence[str]) -> Layout | None:
+        """The layout of a rank's bucket map; None without parameters' bytes (a shim older than them, or names
+        it could not tell)."""
+        if not frame.parameter_bytes:
+            return None
+        ordered = sorted(frame.buckets, key=lambda b: b.index)
+        by_index = {b.index: s for b, s in zip(frame.buckets, frame.parameter_bytes)}
+        names = tuple(n for b in ordered for n in b.parameters)
+        sizes = tuple(s for b in ordered for s in by_index[b.index])
+        longest = sorted(set(units), key=len, reverse=True)
+        blocks = tuple(next((u for u in longest if n == u or n.startswith(u + ".")), "") for n in names)
+        return cls(names, sizes, blocks, tuple(len(b.parameters) for b in ordered))
+
+    def ready_ns(self, b: Backward) -> npt.NDArray[np.float64]:
+        """When each parameter's gradient is ready in backward ``b``: its block's backward end (the backward's end
+        for a parameter of no timed block). Kept per backward: every grouping tried reads it."""
+        key = id(b)
+        cached = self._ready.get(key)
+        if cached is None or cached[0] is not b:
+            ready = np.array([b.ready.get(blk, b.end) if blk else b.end for blk in self.blocks], dtype=np.float64)
+            cached = self._ready[key] = (b, ready)
+        return cached[1]
+
+    @property
+    def mapped(self) -> float:
+        """Share of the bytes whose block is timed."""
+        whole = sum(self.sizes)
+        return sum(s for s, b in zip(self.sizes, self.blocks) if b) / whole if whole else 0.0
+
+    def counts(self, limits: Sequence[int]) -> tuple[int, ...]:
+        return tuple(ddp_buckets(self.sizes, limits))
+
+
+@dataclass(frozen=True, slots=True)
+class Backward:
+    """One iteration's backward as the buckets see it (ns on the common clock): when each block's gradients were
+    ready on the slowest rank read, when the backward ended there, and the bucket all-reduces observed."""
+
+    iteration: int
+    ready: Mapping[str, int]
+    end: int
+    observed_end: int
+    """The end of the last bucket all-reduce observed (``end`` if it ended earlier)."""
+    identity_ms: float
+    """The iteration as the DAG replays it: the base a change's prediction is taken off."""
+    collectives: tuple[tuple[int, int, int], ...] = ()
+    """The bucket all-reduces observed, (bytes, start, end) in time order, each started no earlier than the one
+    before it ended (one channel, as the schedule has it)."""
+
+    def observed(self) -> list[Observed]:
+        """The all-reduces as :func:`dagtop.model.allreduce.fit` takes them."""
+        return [(m, s, e, self.end) for m, s, e in self.collectives]
+
+
+def backward_of(a: IterationAnalysis) -> Backward | None:
+    """The backward of one analysed iteration, read from its tasks on the ranks that gated its buckets; None
+    without tasks or without bucket all-reduces."""
+    buckets = [c for c in a.collectives if c.name.startswith("bucket ")]
+    if not buckets or not len(a.tasks):
+        return None
+    ranks = list(dict.fromkeys([min(a.ranks), *(c.gating_rank for c in buckets)]))[:RANKS_READ]
+    ready: dict[str, int] = {}
+    end = 0
+    for r in ranks:
+        for t in a.tasks.by_rank.get(r, ()):
+            if t.phase == "backward" and t.lane != "comm":
+                ready[t.name] = max(ready.get(t.name, 0), t.end_ns)
+                end = max(end, t.end_ns)
+    if not ready:
+        return None
+    channel = 0
+    serial = []
+    for c in sorted(buckets, key=lambda c: c.start_ns):
+        start = max(c.start_ns, channel)
+        serial.append((c.bytes, start, max(c.end_ns, start)))
+        channel = max(channel, c.end_ns)
+    return Backward(a.iteration, ready, end, max(end, max(c.end_ns for c in buckets)), a.predicted_ms, tuple(serial))
+
+
+def finish_ns(layout: Layout, counts: Sequence[int], b: Backward, comm: AllReduce,
+              sizes: Sequence[int] | None = None, per_byte: float | None = None) -> float:
+    """When the backward and the last all-reduce are both over, for the grouping ``counts`` of ``layout``: each
+    bucket is handed over when its last gradient is ready and the one before it was, and all-reduced once the one
+    before it is done, stretched while the backward runs. ``sizes``: the parameters' bytes as sent (default: as
+    they are; halved for a 16-bit hook); ``per_byte`` in place of the fitted one."""
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    ready = np.maximum.accumulate(np.maximum.reduceat(layout.ready_ns(b), starts)).tolist()
+    sent = np.add.reduceat(np.asarray(layout.sizes if sizes is None else sizes, dtype=np.float64), starts).tolist()
+    channel = float("-inf")
+    for handed, nbytes in zip(ready, sent):  # each bucket after the one before it: one at a time, in order
+        channel = comm.finish(max(channel, handed), comm.work(nbytes, per_byte), b.end)
+    return max(channel, float(b.end))
+
+
+def mg_wfbp(layout: Layout, b: Backward, comm: AllReduce) -> tuple[int, ...]:
+    """MG-WFBP's grouping (Shi et al., INFOCOM'19) of one backward: walking the gradients in the order they become
+    ready, the next block's gradients join the group before them when that group's all-reduce could not start
+    before they are ready anyway (the channel is busy), or when the wait for them is shorter than the start-up
+    cost ``2(P−1)α`` a merge saves; else they start a group of their own. Returns parameters per group."""
+    latency = comm.a_ns
+    layers: list[tuple[float, int, int]] = []  # (ready, bytes, parameters) per run of one block's parameters
+    for i, (blk, size) in enumerate(zip(layout.blocks, layout.sizes)):
+        if i and blk and layout.blocks[i - 1] == blk:
+            r, m, n = layers[-1]
+            layers[-1] = (r, m + size, n + 1)
+        else:
+            layers.append((float(b.ready.get(blk, b.end) if blk else b.end), size, 1))
+    groups: list[list[float]] = []  # [ready, bytes, parameters]
+    before = float("-inf")  # when the all-reduces of the groups before the last one end
+    for ready, size, n in layers:
+        if groups:
+            g = groups[-1]
+            start = max(g[0], before)
+            end = comm.finish(start, comm.work(g[1]), b.end)
+            if ready < end and (start > ready or ready - start < latency):
+                g[0], g[1], g[2] = max(g[0], ready), g[1] + size, g[2] + n
+                continue
+            before = end
+        groups.append([ready, float(size), float(n)])
+    return tuple(int(g[2]) for g in groups)
+
+
+def limits_for(layout: Layout, counts: Sequence[int]) -> tuple[float, ...] | None:
+    """``bucket_cap_mb_list`` (MiB, rounded down to 4 decimals) that makes DDP build exactly ``counts``; None if
+    no such rounding does (a parameter of under ~100 bytes closing a group)."""
+    sizes = totals(layout.sizes, counts)
+    caps = tuple(int(s / MIB * 1e4) / 1e4 for s in sizes)
+    return caps if layout.counts([int(c * MIB) for c in caps]) == tuple(counts) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    """One way to bucket the gradients, with what it predicts."""
+
+    label: str
+    """How a user gets it: ``bucket_cap_mb=100``, ``bucket_cap_mb_list=[…]``, ``DDP's default``."""
+    setting: Mapping[str, object]
+    """The DistributedDataParallel keyword arguments that make it ({} for the default)."""
+    counts: tuple[int, ...]
+    step_ms: tuple[float, ...]
+    """Predicted iteration ms on each iteration read (its replayed time less what the schedule saves)."""
+    bounds_ms: tuple[float, float]
+    """The median prediction with the per-byte time one standard error down and up (the faster first)."""
+    extrapolated: bool = False
+    """Two or more of its buckets are under half the smallest bucket the fit saw: their latency is a guess."""
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.step_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketModel:
+    """The buckets now and every grouping tried, each replayed on the same iterations."""
+
+    layout: Layout
+    comm: AllReduce
+    now: Grouping
+    tried: tuple[Grouping, ...]
+    """Every distinct grouping: DDP's default, the uniform caps of :data:`CAPS_MB`, MG-WFBP's."""
+    error: float
+    """|the schedule's median tail − the observed median tail| / the median iteration, for the buckets now (the tail:
+    from the backward's end to the last all-reduce's)."""
+    default: bool
+    """Whether the buckets now are DDP's default ones."""
+    iterations: int
+
+
+def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> BucketModel:
+    """Every grouping tried, predicted on every backward given (at least one)."""
+    typical = _typical(backwards)
+    low = comm.sizes < 3  # two sizes cannot tell latency from stretch well below the smallest one
+
+    def grouping(label: str, setting: Mapping[str, object], counts: Sequence[int]) -> Grouping:
+        counts = tuple(counts)
+        out: dict[int, list[float]] = {-1: [], 0: [], 1: []}
+        for b in backwards:
+            for bound, steps in out.items():
+                per = max(comm.b_ns_per_byte + bound * comm.b_se, 0.0)
+                saved = finish_ns(layout, layout.now, b, comm, per_byte=per) - finish_ns(layout, counts, b, comm,
+                                                                                          per_byte=per)
+                steps.append(b.identity_ms - saved / 1e6)
+        ends = sorted((statistics.median(out[-1]), statistics.median(out[1])))
+        small = sum(1 for m in totals(layout.sizes, counts) if m < comm.smallest / 2)
+        return Grouping(label, dict(setting), counts, tuple(out[0]), (ends[0], ends[1]), low and small >= 2)
+
+    now = grouping("the buckets now", {}, layout.now)
+    tried: dict[tuple[int, ...], Grouping] = {}
+    default = layout.counts(DEFAULT_LIMITS)
+    tried[default] = grouping("DDP's default (bucket_cap_mb unset: 1 MiB first, then 25 MiB)", {}, default)
+    for cap in CAPS_MB:
+        counts = layout.counts([int(cap * MIB)])
+        if counts not in tried:
+            tried[counts] = grouping(f"bucket_cap_mb={cap:g}", {"bucket_cap_mb": cap}, counts)
+    merged = mg_wfbp(layout, typical, comm)
+    caps = limits_for(layout, merged)
+    if merged not in tried and caps is not None:
+        shown = ", ".join(f"{c:g}" for c in caps)
+        tried[merged] = grouping(f"bucket_cap_mb_list=[{shown}] (MG-WFBP)", {"bucket_cap_mb_list": list(caps)}, merged)
+    # The schedule's bias, not the iterations' noise: its median tail (last all-reduce past the backward) against
+    # the median tail observed, as a share of the iteration.
+    modelled = statistics.median(finish_ns(layout, layout.now, b, comm) - b.end for b in backwards)
+    observed = statistics.median(b.observed_end - b.end for b in backwards)
+    error = abs(modelled - observed) / 1e6 / typical.identity_ms if typical.identity_ms > 0 else 0.0
+    return BucketModel(layout, comm, now, tuple(tried.values()), error, layout.now == default, len(backwards))
+
+
+def _typical(backwards: Sequence[Backward]) -> Backward:
+    """One backward of median shape: each block's ready time as the median of its offset from the backward's end."""
+    blocks = {k for b in backwards for k in b.ready}
+    ready = {k: int(statistics.median(b.ready[k] - b.end for b in backwards if k in b.ready)) for k in blocks}
+    return Backward(-1, ready, 0, 0, statistics.median(b.identity_ms for b in backwards))

@@ -1,0 +1,177 @@
+"""One change a user can make and what the model predicts for it; the window of iterations candidates are made
+from; how far each kind of prediction can be trusted."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from dagtop.model.allreduce import AllReduce
+from dagtop.model.buckets import Backward, BucketModel, Layout
+from dagtop.model.snapshot import IterationAnalysis, RankInfo
+from instrument.wire import Telemetry
+
+MIN_GAIN = 0.02
+"""A change is worth naming when it predicts at least this much more throughput."""
+MAX_REPLAY_ERROR = 0.05
+"""A replay further off what was measured than this (|replayed − measured| / measured) predicts nothing."""
+
+
+class Kind(str, Enum):
+    """What a candidate changes. The value is its name on screen and in the JSON."""
+
+    BUCKETS = "gradient buckets"
+    LOADER = "input pipeline"
+    PINNED = "host-to-device copies"
+    COMPRESSION = "gradient compression"
+    ACCUMULATION = "gradient accumulation"
+    STRAGGLER = "straggler"
+    SCALE_OUT = "more workers"
+    NETWORK = "faster network"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Confidence(str, Enum):
+    """How far a candidate's prediction can be trusted."""
+
+    VALIDATED = "validated"
+    """Its kind of change met ±10 % of a real re-run in benchmarks/validate_advice.py."""
+    LOWER = "lower"
+    """Predicted, but not validated that well (the reason is given)."""
+    WITHHELD = "withheld"
+    """Not predicted: the model lacks what it needs (the reason is given)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DOUBT: Mapping[Kind, str] = {
+    Kind.PINNED: "not validated: the test machine has no GPU",
+    Kind.SCALE_OUT: "not validated: the α-β fit is extrapolated to more ranks than ran, and the test machine's 2 "
+                    "cores cannot run more ranks without measuring core sharing instead",
+    Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
+    Kind.ACCUMULATION: "under-predicted on 2-core CPU jobs: within the target in 7 of 12 re-runs, up to 31 % short "
+                       "on tiny buckets (×1.24 predicted, ×1.79 re-run): the micro-batches without an all-reduce also "
+                       "skip DDP's bucket copies, and hidden communication takes more CPU from compute than the "
+                       "stretch fit sees",
+    Kind.BUCKETS: "a change of buckets not yet re-run within the target (×1.02 and ×1.03 predicted, ×1.16 and ×1.00 "
+                  "re-run); 'keep the buckets' was right on DDP's default buckets, but on tiny ones the fitted "
+                  "latency swings with the machine's load (0.56 ms idle, 0 loaded) and merging them gained ×1.05 "
+                  "to ×1.46 where it was not advised",
+    Kind.COMPRESSION: "not validated: the test machine has no GPU (on CPU ranks it is not advised: measured slower)",
+}
+"""Why a kind's predictions are of lower confidence (from benchmarks/validate_advice.py)."""
+VALIDATED: frozenset[Kind] = frozenset({Kind.LOADER, Kind.STRAGGLER})
+"""The kinds whose predictions met the target in every round of benchmarks/validate_advice.py (DataLoader workers:
+×1.32, ×1.37, ×1.37 predicted, ×1.38, ×1.37, ×1.28 re-run; a straggler's hog: ×1.26, ×1.32, ×1.32 predicted, ×1.37,
+×1.40, ×1.39 re-run)."""
+
+
+def confidence_of(kind: Kind) -> tuple[Confidence, str]:
+    """A kind's confidence, and why it is lower where it is."""
+    if kind in VALIDATED:
+        return Confidence.VALIDATED, ""
+    return Confidence.LOWER, DOUBT.get(kind, "not validated yet against a re-run")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One change a user can make, and what the model predicts for it."""
+
+    kind: Kind
+    title: str
+    """The change in a few words: ``bucket_cap_mb=16``, ``num_workers=1``."""
+    change: str
+    """Exactly what to write (code or configuration), or what to do."""
+    setting: Mapping[str, Any] = field(default_factory=dict)
+    """The change as keyword arguments, for tools: ``{"bucket_cap_mb": 16}``; {} where it is not a setting."""
+    step_ms: float | None = None
+    """Predicted time per step (a step of ``samples`` times the batch)."""
+    range_ms: tuple[float, float] | None = None
+    speedup: float | None = None
+    """Replayed step now / replayed step with the change."""
+    workers: int = 1
+    """Times the job's ranks it runs on."""
+    samples: int = 1
+    """Times the samples per step (gradient accumulation's micro-batches)."""
+    evidence: str = ""
+    confidence: Confidence = Confidence.VALIDATED
+    doubt: str = ""
+    """Why the confidence is lower, or why nothing was predicted."""
+    caveat: str = ""
+    """What else the change changes, for the user to weigh (numerics, the optimisation)."""
+
+    @property
+    def throughput(self) -> float | None:
+        """Samples per second with the change over now."""
+        return None if self.speedup is None else self.speedup * self.workers * self.samples
+
+    @property
+    def efficiency(self) -> float | None:
+        """Throughput per worker: 1 for a perfect scale-out; the throughput itself for a fix."""
+        return None if self.throughput is None else self.throughput / self.workers
+
+    @property
+    def gain(self) -> str:
+        """``+23 %`` samples/s, or ``—`` when not predicted."""
+        return "—" if self.throughput is None else f"{(self.throughput - 1) * 100:+.0f} %"
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The steady iterations advised on, with everything a candidate reads from them."""
+
+    analyses: tuple[IterationAnalysis, ...]
+    step_ms: float
+    identity_ms: float
+    ranks: int
+    comm: AllReduce | None
+    """The bucket all-reduces' α-β-κ fit over the window (:mod:`dagtop.model.allreduce`)."""
+    backwards: tuple[Backward, ...] = ()
+    """The window's backwards as the buckets see them."""
+    layout: Layout | None = None
+    """The gradients and their buckets now, where the ranks sent their sizes."""
+    buckets: BucketModel | None = None
+    """Every grouping of them replayed (:func:`dagtop.model.buckets.model_buckets`)."""
+    infos: tuple[RankInfo, ...] = ()
+    """The ranks as their hellos describe them (device, host, DataLoader)."""
+    telemetry: tuple[Telemetry, ...] = ()
+
+    def predicted(self, per_iteration: Sequence[float], fit: tuple[float, float] | None = None,
+                  base: Sequence[float] | None = None) -> tuple[float, float, tuple[float, float]]:
+        """(speedup, step ms, range ms) from per-iteration replays with a change. The range is the 95 % interval of
+        the median over the window (:func:`median_interval`), widened to ``fit``: the median replay with the α-β
+        fit's β one standard error down and up, where the change rests on it. ``base``: the replays without the
+        change of the same iterations, where ``per_iteration`` covers only some of the window."""
+        median = statistics.median(per_iteration)
+        identity = statistics.median(base) if base else self.identity_ms
+        speedup = identity / median if median > 0 else math.inf
+        lo, hi = median_interval(per_iteration)
+        if fit is not None:
+            lo, hi = min(lo, *fit), max(hi, *fit)
+        scale = self.step_ms / identity if identity > 0 else 1.0
+        return speedup, self.step_ms / speedup, (lo * scale, hi * scale)
+
+
+def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """The distribution-free interval of a median: the order statistics ``n/2 ∓ z·√n/2`` (95 % with z = 1.96).
+
+    >>> median_interval(list(range(1, 21)))  # the 6th and the 16th of 20
+    (6, 16)
+    """
+    xs = sorted(values)
+    n = len(xs)
+    half = z * math.sqrt(n) / 2
+    lo, hi = max(math.floor(n / 2 - half), 0), min(math.ceil(n / 2 + half), n - 1)
+    return xs[lo], xs[hi]
+
+
+def withheld(kind: Kind, title: str, why: str) -> Candidate:
+    """A candidate the model cannot predict, and why."""
+    return Candidate(kind, title, "", confidence=Confidence.WITHHELD, doubt=why)

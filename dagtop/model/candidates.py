@@ -1,0 +1,320 @@
+"""The candidate changes, each made from the window of steady iterations: gradient buckets, the input pipeline,
+communication volume, the straggler, and buying (more workers, a faster network)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+
+from dagtop.model.analysis import segments_ms
+from dagtop.model.buckets import finish_ns
+from dagtop.model.candidate import (
+    MAX_REPLAY_ERROR,
+    MIN_GAIN,
+    Candidate,
+    Confidence,
+    Kind,
+    Window,
+    confidence_of,
+    withheld,
+)
+from dagtop.model.change import Change
+from dagtop.model.snapshot import IterationAnalysis, RankInfo
+from instrument.wire import Telemetry
+
+NEAR = 0.01
+"""Two bucket groupings within this share of the step are as good as each other: the simpler one is named."""
+WORKER_TRANSFER_MS = 1.7
+"""What ``next()`` costs per batch once workers load (inter-process transfer, unpickling; FIELD_NOTES): a job
+without workers has never paid it, so a prediction for workers adds it, as its range's upper end and half of it
+in the middle."""
+MIN_SIZES = 3
+"""Distinct bucket sizes the all-reduce fit needs before bucket sizes are weighed: with fewer, an all-reduce's
+latency cannot be told from its per-byte cost, nor from its slowdown under the backward."""
+UNTOLD = ("the buckets seen have {sizes} size(s): an all-reduce's latency cannot be told from its per-byte cost, "
+          "nor from its slowdown under the backward, so other bucket sizes cannot be weighed (re-run on CPU jobs "
+          "with two sizes: ×1.16 and ×1.46 measured where ×1.02 and ×1.00 were predicted; "
+          "benchmarks/validate_advice.py)")
+"""Why the bucket advice is withheld below :data:`MIN_SIZES`: measured, not assumed."""
+ACCUMULATE = 4
+"""Micro-batches per update that gradient accumulation is predicted for."""
+
+
+def _path(a: IterationAnalysis, category: str) -> float:
+    return segments_ms(a.critical_path).get(category, 0.0)
+
+
+def _buckets(w: Window) -> list[Candidate]:
+    """The gradient buckets: the grouping of :mod:`dagtop.model.buckets` predicted best, or 'keep them'."""
+    if not any(c.name.startswith("bucket ") for a in w.analyses for c in a.collectives):
+        return []
+    title = "bucket_cap_mb"
+    if w.layout is None:
+        return [withheld(Kind.BUCKETS, title, "no bucket map with its parameters' sizes (DDP has not rebuilt its "
+                                               "buckets yet, or the ranks run a shim older than this monitor)")]
+    if w.layout.mapped < 0.5:
+        return [withheld(Kind.BUCKETS, title, f"only {w.layout.mapped * 100:.0f} % of the gradients' bytes belong to "
+                                               "timed blocks: their backward times are unknown")]
+    if w.buckets is None or w.comm is None or not w.backwards:
+        return [withheld(Kind.BUCKETS, title, "no backward timed with its buckets in the window")]
+    if w.comm.sizes < MIN_SIZES:
+        return [withheld(Kind.BUCKETS, title, UNTOLD.format(sizes=w.comm.sizes))]
+    if w.buckets.error > MAX_REPLAY_ERROR:
+        return [withheld(Kind.BUCKETS, title, f"the bucket schedule replays the all-reduces {w.buckets.error * 100:.1f} % "
+                                               f"of the step off what was observed (over {MAX_REPLAY_ERROR * 100:.0f} %)")]
+    now = w.buckets.now.median_ms
+    tolerance = NEAR * w.identity_ms
+    default = w.buckets.tried[0]
+    # Groupings that rest on a latency the fit never saw (many buckets far smaller than any observed) are not advised.
+    best = min((g for g in w.buckets.tried if not g.extrapolated), key=lambda g: g.median_ms, default=default)
+    if default.median_ms <= best.median_ms + tolerance:
+        best = default
+    elif "bucket_cap_mb_list" in best.setting:
+        uniform = min((g for g in w.buckets.tried[1:] if "bucket_cap_mb" in g.setting and not g.extrapolated),
+                      key=lambda g: g.median_ms, default=None)
+        if uniform is not None and uniform.median_ms <= best.median_ms + tolerance:
+            best = uniform
+    confidence, doubt = confidence_of(Kind.BUCKETS)
+    scale = w.step_ms / w.identity_ms if w.identity_ms > 0 else 1.0
+    evidence = (f"{len(w.layout.now)} buckets now; the schedule replays their all-reduces {w.buckets.error * 100:.1f} % "
+                f"of the step off the observed ({w.comm.describe()}); {len(w.buckets.tried)} groupings replayed on "
+                f"{w.buckets.iterations} iterations: " + ", ".join(
+                    f"{g.label.split(' (')[0]} {g.median_ms * scale:.1f} ms" + (" (latency extrapolated)"
+                                                                               if g.extrapolated else "")
+                    for g in sorted(w.buckets.tried, key=lambda g: g.median_ms)[:4]))
+    if best.counts == w.layout.now or now - best.median_ms < MIN_GAIN * w.identity_ms:
+        keep = "keep DDP's default buckets" if w.buckets.default else "keep the buckets as they are"
+        return [Candidate(Kind.BUCKETS, keep, "no change: " + (
+            "DDP's default (1 MiB first bucket, then 25 MiB) is as good as any grouping tried" if w.buckets.default else
+            f"no grouping tried beats the current one by {MIN_GAIN * 100:.0f} %"),
+            {}, w.step_ms, None, 1.0, evidence=evidence, confidence=confidence, doubt=doubt)]
+    speedup, step, bounds = w.predicted(best.step_ms, best.bounds_ms)
+    args = ", ".join(f"{k}={v}" for k, v in best.setting.items())
+    change = (f"DistributedDataParallel(model, {args})" if args else
+              "DistributedDataParallel(model) with no bucket_cap_mb (DDP's default)")
+    title = (f"bucket_cap_mb_list, {len(best.counts)} buckets (MG-WFBP)" if "bucket_cap_mb_list" in best.setting
+             else best.label.split(" (")[0] if args else "DDP's default buckets")
+    return [Candidate(Kind.BUCKETS, title, change, dict(best.setting), step, bounds, speedup,
+                      evidence=evidence + f"; {len(best.counts)} buckets with it", confidence=confidence, doubt=doubt)]
+
+
+def _loader(w: Window) -> list[Candidate]:
+    """DataLoader workers from the fetch time per batch against the step without its wait, capped by the cores
+    per rank; ``pin_memory`` where host-to-device copies hold the path."""
+    out: list[Candidate] = []
+    io = [_path(a, "io") for a in w.analyses]
+    if statistics.median(io) >= MIN_GAIN * w.identity_ms:
+        out.append(_workers(w, io, w.infos, w.telemetry))
+    pcie = [_path(a, "pcie") for a in w.analyses]
+    if statistics.median(pcie) >= MIN_GAIN * w.identity_ms and any(r.device.startswith("cuda") for r in w.infos):
+        loader = next((r.loader for r in w.infos if r.loader is not None), None)
+        if loader is None or not loader.pin_memory:
+            speedup, step, bounds = w.predicted([a.predicted_ms - p for a, p in zip(w.analyses, pcie)])
+            confidence, doubt = confidence_of(Kind.PINNED)
+            out.append(Candidate(Kind.PINNED, "pin_memory=True, non_blocking copies",
+                                 "DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True)",
+                                 {"pin_memory": True}, step, bounds, speedup,
+                                 evidence=f"copies hold {statistics.median(pcie):.1f} ms of the path per iteration",
+                                 confidence=confidence, doubt=doubt))
+    return out
+
+
+def _workers(w: Window, io: Sequence[float], ranks: Sequence[RankInfo], telemetry: Sequence[Telemetry]) -> Candidate:
+    """Workers make batches beside the step: with w of them a batch comes every f/w, and the step is never shorter
+    than itself plus a worker's transfer. Their CPU work lands on the training core where the host has no core to
+    spare for them (the cores per rank, less the one training takes)."""
+    loader = next((r.loader for r in ranks if r.loader is not None), None)
+    if loader is None:
+        return withheld(Kind.LOADER, "num_workers", "the job's loader is not known: give the DataLoader to "
+                                                     "tracer.loader() so dagtop sees its num_workers")
+    rows = [max((r.io_ms for r in a.per_rank), default=0.0) for a in w.analyses]
+    # The time a batch takes to make: all of the wait without workers; with w0 workers each makes one every w0 steps.
+    fetch = [x if loader.workers == 0 else loader.workers * a.measured_ms for x, a in zip(rows, w.analyses)]
+    without = [a.predicted_ms - x for a, x in zip(w.analyses, io)]
+    # How much of making a batch is CPU work: measured on the training thread when it made them itself; else
+    # anything from none to all of it.
+    share = (loader.wait_cpu_permille / 1000 if loader.workers == 0 and loader.wait_cpu_permille is not None
+             else None)
+    cores = _cores_per_rank(ranks, telemetry)
+    spare = math.inf if cores is None else max(cores - 1, 0)
+    transfer = 0.0 if loader.workers else WORKER_TRANSFER_MS
+
+    def steps(n: int, cpu_share: float, extra: float) -> list[float]:
+        landed = cpu_share * max(0.0, 1 - spare / n)
+        return [max(s + extra + f * landed, f / n) for s, f in zip(without, fetch)]
+
+    middle = share if share is not None else 0.5
+    tried = {n: statistics.median(steps(n, middle, transfer / 2)) for n in range(loader.workers + 1,
+                                                                                  loader.workers + 9)}
+    fastest = min(tried.values())
+    workers = min(n for n, ms in tried.items() if ms <= fastest * (1 + MIN_GAIN / 2))
+    lo = steps(workers, share if share is not None else 0.0, 0.0)
+    hi = steps(workers, share if share is not None else 1.0, transfer)
+    speedup, step, bounds = w.predicted(steps(workers, middle, transfer / 2),
+                                        (statistics.median(lo), statistics.median(hi)))
+    confidence, doubt = confidence_of(Kind.LOADER)
+    if share is None and confidence is Confidence.VALIDATED:
+        confidence, doubt = Confidence.LOWER, ("how much of making a batch is CPU work is not known (workers make "
+                                               "them now, or an older shim): the range spans none to all of it")
+    extra = ", persistent_workers=True" if not loader.persistent_workers else ""
+    said = "unknown" if share is None else f"{share * 100:.0f} %"
+    host = "not known" if cores is None else f"{cores} per rank, {spare:g} to spare"
+    return Candidate(Kind.LOADER, f"num_workers={workers}", f"DataLoader(..., num_workers={workers}{extra})",
+                     {"num_workers": workers, "persistent_workers": True}, step, bounds, speedup,
+                     evidence=(f"loading holds {statistics.median(io):.1f} ms of the path per iteration; a batch takes "
+                               f"{statistics.median(fetch):.1f} ms to make ({said} of it CPU work), the step without "
+                               f"waiting for it {statistics.median(without):.1f} ms; {loader.workers} workers now; "
+                               f"the host's cores: {host}"),
+                     confidence=confidence, doubt=doubt)
+
+
+def _cores_per_rank(ranks: Sequence[RankInfo], telemetry: Sequence[Telemetry]) -> int | None:
+    """The fewest CPUs per rank over the hosts (from the telemetry), None where no host says."""
+    per_host: dict[str, int] = {}
+    for r in ranks:
+        per_host[r.host] = per_host.get(r.host, 0) + 1
+    cpus = {t.host: t.host_stats.cpus for t in telemetry if t.host_stats is not None and t.host_stats.cpus}
+    known = [cpus[h] // n for h, n in per_host.items() if h in cpus]
+    return max(min(known), 1) if known else None
+
+
+def _volume(w: Window) -> list[Candidate]:
+    """Fewer bytes (bf16 compression) or fewer all-reduces (accumulation), where communication is exposed."""
+    exposed = statistics.median(a.exposed_comm_ms for a in w.analyses)
+    if exposed < MIN_GAIN * w.identity_ms:
+        return []
+    out: list[Candidate] = []
+    gpu = any(r.device.startswith(("cuda", "xpu")) for r in w.infos)
+    if not gpu:
+        out.append(withheld(Kind.COMPRESSION, "fp16_compress_hook", CPU_COMPRESSION))
+    elif w.layout is not None and w.comm is not None and w.backwards and w.buckets is not None:
+        half = [s // 2 for s in w.layout.sizes]
+        saved = {b.iteration: finish_ns(w.layout, w.layout.now, b, w.comm)
+                 - finish_ns(w.layout, w.layout.now, b, w.comm, half) for b in w.backwards}
+        mid = [b.identity_ms - saved[b.iteration] / 1e6 for b in w.backwards]
+        speedup, step, bounds = w.predicted(mid)
+        confidence, doubt = confidence_of(Kind.COMPRESSION)
+        hook = "bf16_compress_hook"  # DDP's refuses anything but NCCL or XCCL: GPU ranks here
+        numerics = "bfloat16 (8 bits of mantissa)"
+        out.append(Candidate(
+            Kind.COMPRESSION, hook,
+            "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+            f"ddp.register_comm_hook(None, default_hooks.{hook})", {"comm_hook": hook},
+            step, bounds, speedup, evidence=f"{exposed:.1f} ms of communication exposed per iteration; each bucket "
+                                            "sends half its bytes (the α-β fit), its latency unchanged",
+            confidence=confidence, doubt=doubt,
+            caveat=f"changes numerics: gradients are summed in {numerics}; the hook also replaces DDP's built-in "
+                   "all-reduce, which costs a cast and a division per bucket on the training thread"))
+    free = {a.iteration: next((x.iteration_ms for x in a.what_if if x.change is Change.PERFECT_OVERLAP), None)
+            for a in w.analyses}
+    if all(v is not None for v in free.values()):
+        k = ACCUMULATE
+        per = [(k - 1) * max(float(free[a.iteration] or 0.0) - _update_ms(a), 0.0) + a.predicted_ms
+               for a in w.analyses]
+        speedup, step, bounds = w.predicted(per)
+        confidence, doubt = confidence_of(Kind.ACCUMULATION)
+        out.append(Candidate(
+            Kind.ACCUMULATION, f"accumulate {k} micro-batches",
+            f"for i, batch in enumerate(loader):\n    with (ddp.no_sync() if i % {k} != {k - 1} else nullcontext()):\n"
+            f"        loss(ddp(batch)).backward()\n    if i % {k} == {k - 1}: opt.step(); opt.zero_grad()",
+            {"accumulate": k}, step, bounds, speedup, samples=k,
+            evidence=(f"{exposed:.1f} ms of communication exposed per iteration; {k - 1} of {k} micro-batches "
+                      "replayed without their all-reduces (the 'perfect overlap' replay) nor their update"),
+            confidence=confidence, doubt=doubt,
+            caveat=f"changes the optimisation: {k}× the samples per update (scale the learning rate, or give each "
+                   f"micro-batch 1/{k} of the batch, which this prediction does not cover)"))
+    return out
+
+
+CPU_COMPRESSION = ("not advised on CPU ranks: the hook casts every bucket to float16 and back on the training "
+                   "thread and gloo sums float16 in software, which cost more than the halved bytes save (re-run on "
+                   "4 CPU jobs: ×0.76 to ×0.97 measured where ×1.12 to ×1.47 was predicted; "
+                   "benchmarks/validate_advice.py)")
+"""Why the compression hook is not advised on CPU (gloo) ranks: measured, not assumed."""
+
+
+def _update_ms(a: IterationAnalysis) -> float:
+    return sum(s.duration_ms for s in a.critical_path if s.phase == "update")
+
+
+def _straggler(w: Window) -> list[Candidate]:
+    """The steady verdict's straggler: where it loses its time, and the gain of bringing it to the median."""
+    steady = w.analyses[-1].steady
+    s = steady.straggler if steady is not None else None
+    if s is None:
+        return []
+    per = []
+    for a in w.analyses:
+        x = next((x.iteration_ms for x in a.what_if if x.change is Change.STRAGGLER_AT_MEDIAN), None)
+        mine = a.straggler is not None and a.straggler.rank == s.rank
+        per.append(x if x is not None and mine else a.predicted_ms)
+    speedup, step, bounds = w.predicted(per)
+    host = next((r.host for r in w.infos if r.rank == s.rank), "")
+    load = next((t.host_stats.cpu_percent for t in w.telemetry
+                 if t.host == host and t.host_stats is not None and t.host_stats.cpu_percent is not None), None)
+    cause, action = _CAUSES.get(s.category, _CAUSES["other"])
+    if s.category == "compute" and load is not None and load >= 90:
+        cause = f"host contention: its host {host} is {load:.0f} % busy"
+        action = f"find what else runs on {host} beside rank {s.rank} (top, ps) and move it, or move the rank"
+    confidence, doubt = confidence_of(Kind.STRAGGLER)
+    return [Candidate(Kind.STRAGGLER, f"rank {s.rank} to the median", action.format(rank=s.rank), {"rank": s.rank},
+                      step, bounds, speedup,
+                      evidence=(f"rank {s.rank} last to the collectives in {s.late} of {steady.iterations} "  # type: ignore[union-attr]
+                                f"iterations, {s.busy_excess_ms:+.1f} ms busy against the others' median; it loses "
+                                f"the time in {s.category}: {cause}"),
+                      confidence=confidence, doubt=doubt)]
+
+
+_CAUSES = {
+    "compute": ("its forward and backward run slower",
+                ("find why rank {rank} computes slower (another process on its cores or GPU, thermal throttling, "
+                 "a slower device)")),
+    "io": ("it waits longer for its data", "give rank {rank}'s loader more workers, or move its data closer"),
+    "pcie": ("its host-to-device copies are slower",
+             "check rank {rank}'s PCIe link (nvidia-smi -q: link width and generation) and pin its batches"),
+    "other": ("untimed host work (Python, garbage collection, logging)",
+              "profile rank {rank}'s host side (py-spy dump) for work the others do not do"),
+}
+
+
+def _scale(w: Window) -> list[Candidate]:
+    """2N and 4N workers (weak scaling) and a faster network, from the what-ifs and the α-β fit."""
+    out = []
+    confidence, doubt = confidence_of(Kind.SCALE_OUT)
+    # Iterations before the α-β fit had a collective past warm-up have no scaling what-if: the others are read.
+    having = [(a, x) for a in w.analyses for x in a.what_if if x.change is Change.DOUBLE_WORKERS]
+    if len(having) >= len(w.analyses) / 2:
+        base = [a.predicted_ms for a, _ in having]
+        per2 = [x.iteration_ms for _, x in having]
+        speedup, step, bounds = w.predicted(per2, base=base)
+        out.append(Candidate(Kind.SCALE_OUT, f"{2 * w.ranks} workers (2N)", f"run on {2 * w.ranks} ranks, the same batch "
+                             "per rank", {"workers": 2 * w.ranks}, step, bounds, speedup, workers=2,
+                             evidence="each collective longer by the α-β fit at twice the ranks (the '2N workers' "
+                                      "what-if)", confidence=confidence, doubt=doubt))
+        if w.layout is not None and w.comm is not None and w.backwards:
+            more = {b.iteration: finish_ns(w.layout, w.layout.now, b, w.comm.at(4 * w.ranks))
+                    - finish_ns(w.layout, w.layout.now, b, w.comm.at(2 * w.ranks)) for b in w.backwards}
+            per4 = [x + more.get(a.iteration, 0.0) / 1e6 for x, (a, _) in zip(per2, having)]
+            speedup, step, bounds = w.predicted(per4, base=base)
+            out.append(Candidate(Kind.SCALE_OUT, f"{4 * w.ranks} workers (4N)", f"run on {4 * w.ranks} ranks, the same "
+                                 "batch per rank", {"workers": 4 * w.ranks}, step, bounds, speedup, workers=4,
+                                 evidence="the 2N prediction, plus what the buckets' schedule adds from 2N to 4N ranks "
+                                          "on the α-β fit", confidence=confidence, doubt=doubt))
+        else:
+            out.append(withheld(Kind.SCALE_OUT, f"{4 * w.ranks} workers (4N)", "needs the bucket map with its "
+                                                                         "parameters' sizes"))
+    net = [(a, x) for a in w.analyses for x in a.what_if if x.change is Change.NETWORK]
+    if net and len(net) >= len(w.analyses) / 2:
+        first = net[-1][1]
+        speedup, step, bounds = w.predicted([x.iteration_ms for _, x in net], base=[a.predicted_ms for a, _ in net])
+        c, d = confidence_of(Kind.NETWORK)
+        out.append(Candidate(Kind.NETWORK, first.label, f"a network of {first.bandwidth_gbps:.3g} GB/s bus bandwidth "
+                             "(--bandwidth to try another)", {"bus_gbps": first.bandwidth_gbps}, step, bounds,
+                             speedup, evidence="each collective's per-byte time redone at that bandwidth (the "
+                                               "'network bandwidth' what-if)", confidence=c, doubt=d))
+    return out
+
+
+MAKERS: tuple[Callable[[Window], list[Candidate]], ...] = (_buckets, _loader, _volume, _straggler, _scale)
+"""Each kind of change, made from the window: zero or more candidates each."""

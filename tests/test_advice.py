@@ -1,0 +1,229 @@
+"""The advisor: DDP's bucketing rule, the bucket schedule against a simulated re-run, MG-WFBP's merge rule, the
+candidates, and the gate that holds advice back."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import random
+import statistics
+
+import pytest
+
+from dagtop.model import advice as advice_module
+from dagtop.model import allreduce as allreduce_module
+from dagtop.model import buckets as buckets_module
+from dagtop.model import candidate as candidate_module
+from dagtop.model import candidates
+from dagtop.model.advice import Advice, Candidate, Kind, advise, advise_snapshot
+from dagtop.model.allreduce import AllReduce, fit
+from dagtop.model.buckets import Backward, Layout, ddp_buckets, finish_ns, limits_for, mg_wfbp
+from dagtop.model.pipeline import Pipeline
+from dagtop.model.snapshot import Snapshot
+from dagtop.model.synthetic import SyntheticJob, synthetic_frames
+from dagtop.model.verdict import WINDOW
+from instrument import wire
+
+MB = 1 << 20
+
+
+def run(job: SyntheticJob, iterations: int = 40) -> Snapshot:
+    p = Pipeline(window=None)
+    p.feed(synthetic_frames(job, iterations))
+    p.finish()
+    return p.snapshot()
+
+
+def measured(job: SyntheticJob) -> float:
+    return statistics.median(a.measured_ms for a in run(job).iterations[1:])
+
+
+COMM_HEAVY = SyntheticJob(blocks=8, block_bytes=[2 * MB, 4 * MB, 8 * MB, 4 * MB, 6 * MB, 4 * MB, 8 * MB, 2 * MB],
+                          backward_ms=40, forward_ms=20, io_ms=1, allreduce_ms_per_mb=1.0, allreduce_alpha_ms=0.5,
+                          jitter=0.02)
+"""Eight blocks of 2 to 8 MiB whose all-reduces take about as long as their backward: DDP's default buckets are
+2, 30 and 6 MiB, the last 36 MiB all-reduced after most of the backward is over."""
+
+
+def test_doctests() -> None:
+    for module in (buckets_module, candidate_module, allreduce_module):
+        assert doctest.testmod(module).failed == 0
+
+
+def test_ddp_buckets_fill_as_torchs_reducer_does() -> None:
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    rng = random.Random(1)
+    for _ in range(200):
+        sizes = [rng.choice([4, 64, 4096, MB, 3 * MB, 4 * MB, 16 * MB]) for _ in range(rng.randint(1, 30))]
+        limits = rng.choice([[MB, 25 * MB], [5 * MB], [1024], [1 << 30], [2 * MB, 3 * MB, MB]])
+        tensors = [torch.empty(s // 4) for s in sizes]
+        theirs, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [False] * len(sizes),
+                                                            list(range(len(sizes))))
+        assert ddp_buckets(sizes, limits) == [len(b) for b in theirs]
+
+
+def test_the_schedule_by_hand() -> None:
+    """Two 1 MB buckets, α = 0, 1 ms per MB at P = 2 (β = 1 ms/MB over 2(P−1)/P = 1): ready at 0 and 0.5 ms, the
+    backward over at 3 ms. The second waits for the first (0–1 ms), runs 1–2 ms: done before the backward."""
+    layout = Layout(("a", "b"), (10**6, 10**6), ("A", "B"), (1, 1))
+    b = Backward(0, {"A": 0, "B": 500_000}, 3_000_000, 3_000_000, 3.0)
+    comm = AllReduce(0.0, 1.0, 0.0, 2)
+    assert finish_ns(layout, (1, 1), b, comm) == pytest.approx(3_000_000)
+    # One bucket: ready when B is (0.5 ms), 2 ms of all-reduce: 2.5 ms, still inside the backward.
+    assert finish_ns(layout, (2,), b, comm) == pytest.approx(3_000_000)
+    late = Backward(0, {"A": 0, "B": 2_500_000}, 2_500_000, 0, 2.5)
+    assert finish_ns(layout, (1, 1), late, comm) == pytest.approx(3_500_000)  # B: 2.5 → 3.5 ms
+    assert finish_ns(layout, (2,), late, comm) == pytest.approx(4_500_000)  # both from 2.5 ms
+    # Twice as slow under the backward (κ = 1): A's 1 ms of work takes 0–2 ms; B's from 2 ms does half of its work
+    # by the backward's end at 3 ms, the other half after it: 3.5 ms, half a millisecond exposed.
+    assert finish_ns(layout, (1, 1), b, AllReduce(0.0, 1.0, 1.0, 2)) == pytest.approx(3_500_000)
+
+
+def test_mg_wfbp_merges_where_the_wait_is_shorter_than_the_latency_it_saves() -> None:
+    """A latency 2(P−1)α of 1 ms. Layer b is ready 0.2 ms after a's all-reduce could start: merged
+    (0.2 < 1). Layer c comes 5 ms later, after ab's all-reduce is over: a group of its own."""
+    layout = Layout(("a", "b", "c"), (1000, 1000, 1000), ("A", "B", "C"), (1, 1, 1))
+    b = Backward(0, {"A": 0, "B": 200_000, "C": 5_000_000}, 5_000_000, 0, 6.0)
+    comm = AllReduce(1e6, 1e-3, 0.0, 2)
+    assert mg_wfbp(layout, b, comm) == (2, 1)
+    # With a busy channel, later gradients join the group still waiting for it, however long they take.
+    # a: 0–2 ms. b, ready at 1 ms, waits for the channel until 2 ms; c is ready at 1.5 ms, before b could start.
+    busy = Backward(0, {"A": 0, "B": 1_000_000, "C": 1_500_000}, 1_500_000, 0, 4.0)
+    slow = AllReduce(2e3, 2e3, 0.0, 2)  # 1000 bytes: 2 ms each, 2 µs of it latency
+    assert mg_wfbp(layout, busy, slow) == (1, 2)
+
+
+def test_per_bucket_limits_rebuild_the_groups() -> None:
+    layout = Layout(tuple("abcd"), (3 * MB, MB, 2 * MB, 5 * MB), ("",) * 4, (4,))
+    caps = limits_for(layout, (2, 2))
+    assert caps == (4.0, 7.0) and layout.counts([int(c * MB) for c in caps]) == (2, 2)
+
+
+def test_a_layout_maps_each_parameter_to_its_longest_timed_unit() -> None:
+    frame = wire.Buckets(0, 0, (wire.Bucket(1, 12, ("layers.1.w", "head.b")), wire.Bucket(0, 4, ("layers.10.w",))),
+                         parameter_bytes=((8, 4), (4,)))
+    layout = Layout.of(frame, ["layers.1", "layers.10", "layers", "head"])
+    assert layout is not None
+    assert layout.names == ("layers.10.w", "layers.1.w", "head.b")  # bucket 0 first
+    assert layout.blocks == ("layers.10", "layers.1", "head") and layout.now == (1, 2)
+    assert Layout.of(wire.Buckets(0, 0, frame.buckets), ["head"]) is None  # an older shim: no sizes
+
+
+def test_bucket_advice_predicts_the_re_run_with_the_change() -> None:
+    """On a simulated WFBP job the schedule replays the all-reduces observed, and the grouping it advises,
+    simulated for real, takes the step time it predicted (within 1 %), and is faster than DDP's default."""
+    snap = run(COMM_HEAVY)
+    advice = advise_snapshot(snap)
+    assert not advice.held
+    assert advice.buckets is not None and advice.buckets.error < 0.01 and advice.buckets.default
+    chosen = next(c for c in advice.fixes if c.kind is Kind.BUCKETS)
+    caps = chosen.setting.get("bucket_cap_mb_list", [chosen.setting.get("bucket_cap_mb")])
+    assert isinstance(caps, list) and all(isinstance(c, float | int) for c in caps)
+    truth = measured(dataclasses.replace(COMM_HEAVY, bucket_limits=tuple(int(c * MB) for c in caps)))
+    now = measured(COMM_HEAVY)
+    assert chosen.step_ms == pytest.approx(truth, rel=0.01)
+    assert truth < 0.9 * now
+    assert chosen.range_ms is not None and chosen.range_ms[0] <= chosen.step_ms <= chosen.range_ms[1]
+    # Three bucket sizes: the fit finds the simulation's latency (0.5 ms) and no stretch under the backward.
+    assert advice.buckets.comm.kappa <= 0.2 and advice.buckets.comm.a_ns == pytest.approx(0.5e6, rel=0.3)
+
+
+def test_the_default_is_kept_where_it_is_already_right() -> None:
+    """Little communication under a long backward: no grouping beats DDP's default by 2 %."""
+    job = dataclasses.replace(COMM_HEAVY, block_bytes=[4 * MB, 8 * MB, 6 * MB, 10 * MB, 4 * MB, 8 * MB, 6 * MB, 2 * MB],
+                              allreduce_ms_per_mb=0.05)
+    advice = advise_snapshot(run(job))
+    kept = next(c for c in advice.fixes if c.kind is Kind.BUCKETS)
+    assert kept.title == "keep DDP's default buckets" and kept.throughput == 1.0 and not kept.setting
+
+
+def test_a_keep_leads_nothing_a_change_with_a_caveat_leads_when_nothing_else_gains() -> None:
+    """'Keep the buckets' (×1.00) ranks first among the changes without a caveat, but the advice leads with the
+    accumulation (×1.5, a caveat) and says it has one; a plain fix of ×1.1 would lead instead; below 2 % none does."""
+    keep = Candidate(Kind.BUCKETS, "keep DDP's default buckets", "no change", {}, 100.0, None, 1.0)
+    accumulate = Candidate(Kind.ACCUMULATION, "accumulate 4 micro-batches", "", {"accumulate": 4}, 266.7, None, 1.5,
+                           samples=4, caveat="changes the optimisation")
+    advice = Advice(50, 20, 100.0, 0.0, "", (keep, accumulate))
+    assert advice.best is accumulate and advice.headline().endswith("(with a caveat: nothing without one gains 2 %)")
+    workers = Candidate(Kind.LOADER, "num_workers=1", "", {"num_workers": 1}, 90.9, None, 1.1)
+    led = dataclasses.replace(advice, fixes=(workers, keep, accumulate))
+    assert led.best is workers and "caveat" not in led.headline()
+    little = dataclasses.replace(advice, fixes=(keep, dataclasses.replace(accumulate, speedup=0.25)))
+    assert little.best is None and little.headline().startswith("nothing to fix")
+
+
+def test_nothing_is_advised_from_fewer_iterations_than_the_verdict_needs() -> None:
+    snap = run(COMM_HEAVY, iterations=WINDOW)  # iteration 0 is warm-up: one short
+    advice = advise_snapshot(snap)
+    assert advice.held and f"{WINDOW - 1} of the {WINDOW}" in advice.held
+    assert not advice.fixes and advice.best is None and advice.headline().startswith("no advice yet")
+    assert not advise_snapshot(run(COMM_HEAVY, iterations=WINDOW + 1)).held
+
+
+def test_nothing_is_advised_when_the_replay_misses_the_measurement() -> None:
+    snap = run(COMM_HEAVY)
+    off = tuple(dataclasses.replace(a, predicted_ms=a.measured_ms * 1.06) for a in snap.iterations)
+    advice = advise(off, snap.ranks, snap.buckets, snap.telemetry)
+    assert "6.0 % off" in advice.held and not advice.fixes
+
+
+def test_the_loader_advice_from_the_fetch_time_and_the_step_without_it() -> None:
+    """No workers, 25 ms to load a batch, the rest of the step ~30 ms: one worker hides it."""
+    loader = wire.Loader(0, 32, 500, None, 0, 0, wait_cpu_permille=100)
+    job = SyntheticJob(io_ms=25.0, forward_ms=10, backward_ms=15, loader=loader, jitter=0.01)
+    advice = advise_snapshot(run(job))
+    c = next(c for c in advice.fixes if c.kind is Kind.LOADER)
+    assert c.setting["num_workers"] == 1 and c.throughput is not None and c.throughput > 1.5
+    # The step then is the step without its wait, plus half the transfer a worker's batch costs.
+    without = statistics.median(a.predicted_ms - next(s.duration_ms for s in a.critical_path if s.category == "io")
+                                for a in advice_module.window_of(run(job).iterations))
+    assert c.step_ms == pytest.approx(without + candidates.WORKER_TRANSFER_MS / 2, rel=0.02)
+    unknown = advise_snapshot(run(dataclasses.replace(job, loader=None)))
+    assert any(w.kind is Kind.LOADER and "tracer.loader" in w.doubt for w in unknown.withheld)
+
+
+def test_the_fit_tells_latency_from_the_stretch_under_the_backward() -> None:
+    """All-reduces of 1, 4 and 16 MB costing 0.5 ms + 1 ms/MB alone and twice as long under the backward
+    (κ = 1), some under it, some after it: the fit finds α, β and κ again."""
+    observed = []
+    for i, mb in enumerate([1, 4, 16] * 6):
+        work = 0.5e6 + 1e6 * mb
+        start = 10e6 * i
+        under = [0.0, 0.5, 1.0][i % 3] * work  # work done before the backward ends
+        bend = start + 2 * under  # at half speed
+        observed.append((mb * 10**6, start, bend + work - under, bend))
+    comm = fit(observed, 2)
+    assert comm is not None
+    assert comm.kappa == pytest.approx(1.0, abs=0.05) and comm.a_ns == pytest.approx(0.5e6, rel=0.05)
+    assert comm.b_ns_per_byte == pytest.approx(1.0, rel=0.02) and comm.sizes == 3
+
+
+def test_workers_without_a_spare_core_add_their_cpu_work_to_the_step() -> None:
+    """One core per rank: a worker's CPU work lands on the training core. A batch that is 40 % CPU work (10 of 25
+    ms) costs the step those 10 ms; where making it is all CPU work, workers gain nothing and are not advised."""
+    def loader(permille: int) -> wire.Loader:
+        return wire.Loader(0, 32, 500, None, 0, 0, wait_cpu_permille=permille)
+
+    job = SyntheticJob(io_ms=25.0, forward_ms=10, backward_ms=15, loader=loader(400), jitter=0.01)
+    one_core = [wire.Telemetry(0, 0, "h", 0, 0, wire.HostStats(50.0, 2, 1, 2), None)]
+    snap = run(job)
+    ranks = [dataclasses.replace(r, host="h") for r in snap.ranks]
+    advice = advise(snap.iterations, ranks, snap.buckets, one_core)
+    c = next(c for c in advice.fixes if c.kind is Kind.LOADER)
+    spared = advise_snapshot(snap)  # no telemetry: cores not known, none of it lands on the training core
+    free = next(c for c in spared.fixes if c.kind is Kind.LOADER)
+    assert c.step_ms is not None and free.step_ms is not None
+    assert c.step_ms - free.step_ms == pytest.approx(10.0, rel=0.1)
+    cpu_bound = run(dataclasses.replace(job, loader=loader(1000)))
+    on_h = [dataclasses.replace(r, host="h") for r in cpu_bound.ranks]
+    advice = advise(cpu_bound.iterations, on_h, cpu_bound.buckets, one_core)
+    assert not any(c.kind is Kind.LOADER for c in advice.fixes)
+    assert any(c.kind is Kind.LOADER and (c.throughput or 0) < 1 for c in advice.little)
+
+
+def test_two_bucket_sizes_cannot_weigh_other_sizes() -> None:
+    """Every bucket but the first of one size: latency cannot be told from per-byte cost, the advice says so."""
+    advice = advise_snapshot(run(dataclasses.replace(COMM_HEAVY, block_bytes=[4 * MB] * 8)))
+    assert not any(c.kind is Kind.BUCKETS for c in advice.fixes)
+    assert any(c.kind is Kind.BUCKETS and "cannot be weighed" in c.doubt for c in advice.withheld)
