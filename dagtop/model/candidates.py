@@ -260,9 +260,10 @@ def _straggler(w: Window) -> list[Candidate]:
     confidence, doubt = confidence_of(Kind.STRAGGLER)
     return [Candidate(Kind.STRAGGLER, f"rank {s.rank} to the median", action.format(rank=s.rank), {"rank": s.rank},
                       step, bounds, speedup,
-                      evidence=(f"rank {s.rank} last to the collectives in {s.late} of {steady.iterations} "  # type: ignore[union-attr]
-                                f"iterations, {s.busy_excess_ms:+.1f} ms busy against the others' median; it loses "
-                                f"the time in {s.category}: {cause}"),
+                      evidence=(f"rank {s.rank} above the others' median in {s.category} in {s.above} of "
+                                f"{steady.iterations} iterations ({s.describe()}, "  # type: ignore[union-attr]
+                                f"{s.busy_excess_ms:+.1f} ms busy against the others' median); it loses the time in "
+                                f"{s.category}: {cause}"),
                       confidence=confidence, doubt=doubt)]
 
 
@@ -283,7 +284,10 @@ def _scale(w: Window) -> list[Candidate]:
     out = []
     confidence, doubt = confidence_of(Kind.SCALE_OUT)
     # Iterations before the α-β fit had a collective past warm-up have no scaling what-if: the others are read.
-    having = [(a, x) for a in w.analyses for x in a.what_if if x.change is Change.DOUBLE_WORKERS]
+    having = [(a, x) for a in w.analyses for x in a.what_if if x.change is Change.DOUBLE_WORKERS and x.predictable]
+    why = _unpredictable(w, Change.DOUBLE_WORKERS)
+    if why and len(having) < len(w.analyses) / 2:
+        out.append(withheld(Kind.SCALE_OUT, f"{2 * w.ranks} workers (2N)", why))
     if len(having) >= len(w.analyses) / 2:
         base = [a.predicted_ms for a, _ in having]
         per2 = [x.iteration_ms for _, x in having]
@@ -304,7 +308,10 @@ def _scale(w: Window) -> list[Candidate]:
         else:
             out.append(withheld(Kind.SCALE_OUT, f"{4 * w.ranks} workers (4N)", "needs the bucket map with its "
                                                                          "parameters' sizes"))
-    net = [(a, x) for a in w.analyses for x in a.what_if if x.change is Change.NETWORK]
+    net = [(a, x) for a in w.analyses for x in a.what_if if x.change is Change.NETWORK and x.predictable]
+    why = _unpredictable(w, Change.NETWORK)
+    if why and len(net) < len(w.analyses) / 2:
+        out.append(withheld(Kind.NETWORK, "faster network", why))
     if net and len(net) >= len(w.analyses) / 2:
         first = net[-1][1]
         speedup, step, bounds = w.predicted([x.iteration_ms for _, x in net], base=[a.predicted_ms for a, _ in net])
@@ -314,6 +321,15 @@ def _scale(w: Window) -> list[Candidate]:
                              speedup, evidence="each collective's per-byte time redone at that bandwidth (the "
                                                "'network bandwidth' what-if)", confidence=c, doubt=d))
     return out
+
+
+def _unpredictable(w: Window, change: Change) -> str:
+    """Why the newest iteration's ``change`` could not be predicted (the what-if's reason), empty if it could."""
+    for a in reversed(w.analyses):
+        x = next((x for x in a.what_if if x.change is change), None)
+        if x is not None:
+            return x.unpredictable
+    return ""
 
 
 MAKERS: tuple[Callable[[Window], list[Candidate]], ...] = (_buckets, _loader, _volume, _straggler, _scale)
