@@ -8,7 +8,9 @@ Each kind (benchmarks/job_kinds.py: compute-heavy CNN, communication-heavy MLP, 
 workers, small transformer) runs on two ranks of this machine (gloo, one torch thread per rank, each rank pinned to
 a core), each rank one process that runs every mode in turn on the same model: a fresh ``DistributedDataParallel``
 per run, modes rotated every round so no mode always runs first. ``plain`` is DDP with its built-in C++
-all-reduce, the baseline; ``block`` is dagtop as shipped (default granularity, telemetry and heartbeats on);
+all-reduce, the baseline; ``plain again``, the same once more: what the paired measure says of no change at all
+(its noise on this machine at this load); ``block`` is dagtop as shipped (default granularity, telemetry and
+heartbeats on);
 ``allreduce_hook`` (PyTorch's Python comm hook, for reference), ``layer`` and ``layer 1 in 10`` on request.
 Nothing listens on the endpoint: the publisher still encodes and sends every frame.
 
@@ -51,6 +53,7 @@ from dagtop.demo.launch import free_endpoint, free_port
 
 MODES: dict[str, dict[str, Any] | None] = {
     "plain": None,
+    "plain again": None,
     "block": {"granularity": "block"},
     "allreduce_hook": None,
     "layer 1 in 10": {"granularity": "block", "sample_every": 10},
@@ -281,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=0, help="steps per run (default: about a second of each kind)")
     parser.add_argument("--jobs", nargs="+", default=list(job_kinds.KINDS), choices=job_kinds.KINDS)
-    parser.add_argument("--modes", nargs="+", default=["plain", "block"], choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=["plain", "plain again", "block"], choices=list(MODES))
     parser.add_argument("--no-per-event", action="store_true")
     args = parser.parse_args(argv)
     modes = ["plain", *[m for m in args.modes if m != "plain"]]
