@@ -266,6 +266,50 @@ def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tup
     return per_bare, per_dagtop, int(events), _encoding_cost(published)
 
 
+def per_bucket_cost(buckets: int = 16, steps: int = 200, repeats: int = 5) -> tuple[float, float]:
+    """CPU µs per DDP bucket of dagtop's all-reduce tap: on the training thread (the reducer's call into the tap
+    and back) and on gloo's threads (the done callback), at world size 1 (gloo) with one bucket per layer.
+
+    dagtop with its tap against dagtop with the tap taken out, so the hooks cancel; per-step training-thread CPU,
+    its tenth percentile, best of ``repeats`` interleaved runs (noise only ever adds); gloo's threads by mean.
+    """
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(buckets)])
+        x = torch.randn(8, 64)
+
+        def run(tapped: bool) -> tuple[float, float]:
+            ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # each layer a bucket of its own
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.0)
+            tracer: Any = instrument.attach(ddp, optimizer, endpoint=free_endpoint())
+            if not tapped:
+                tracer._comm.remove()
+                tracer._comm = None
+            per_step: list[int] = []
+            before = thread_cpu()
+            for i in range(steps + 10):
+                if i == 10:
+                    before = thread_cpu()
+                start = time.thread_time_ns()
+                ddp(x).sum().backward()
+                optimizer.step()
+                per_step.append(time.thread_time_ns() - start)
+            after = thread_cpu()
+            tracer.close()
+            return sorted(per_step[10:])[steps // 10] / 1e3, (after["gloo"] - before["gloo"]) / steps / 1e3
+
+        runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        for r in range(repeats):
+            for tapped in (r % 2 == 0, r % 2 == 1):
+                runs[tapped].append(run(tapped))
+        main = (min(m for m, _ in runs[True]) - min(m for m, _ in runs[False])) / buckets
+        gloo = (statistics.median(g for _, g in runs[True]) - statistics.median(g for _, g in runs[False])) / buckets
+        return main, gloo
+    finally:
+        dist.destroy_process_group()
+
+
 def _encoding_cost(events: list[tuple[Any, ...]], repeats: int = 200) -> float:
     """The publisher thread's µs per iteration for ``events`` (spans filled, frame encoded): minimum of repeats."""
     from instrument import wire
@@ -295,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"per event, training thread (chain of 100 tiny layers, {events} events/step, 1 thread): "
               f"torch's bare hook dispatch {bare:.2f} µs, dagtop {dagtop:.2f} µs (hooks included)")
         print(f"publisher thread, per iteration of {events} events (spans filled, frame encoded): {encode:.0f} µs")
+        main, gloo = per_bucket_cost()
+        print(f"per DDP bucket, the all-reduce tap (world size 1, 16 buckets): training thread {main:.1f} µs, "
+              f"gloo's threads {gloo:.1f} µs")
     for kind in args.jobs:
         steps = args.steps or STEPS[kind]
         before = os.getloadavg()[0]

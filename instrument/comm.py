@@ -69,6 +69,12 @@ class _Tap(dist.ProcessGroup):
         lets go of the GIL, stamping "done" late, in the next iteration at worst. The work around that future is
         torch's own C++ one (``_create_work_from_future``, "the preferred way of constructing Work objects when
         writing a custom ProcessGroup in python"): the reducer then reads its future without calling into Python.
+
+        Tried and measured (#29): the work handed back as it is, with the callback added to its own future. That
+        costs less (at world size 1 with 16 buckets, about 17 µs of the training thread and 12 µs of gloo's per
+        bucket), but the callback then waits for the GIL, which the training thread takes back after each torch
+        op faster than a woken thread gets it: on two ranks of a loaded 2-core VM, 10-20 % of iterations had a
+        bucket stamped done during the optimizer step, milliseconds late (tests/test_e2e_ddp.py caught it).
         """
         _inside.tap = True
         try:
