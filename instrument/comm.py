@@ -34,10 +34,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]  # not in the stubs
 
 from instrument import wire
 from instrument.timing import Stamp, Switch
+
+_work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
+"""torch's C++ ``Work`` around a future (private, not in the stubs); a torch without it leaves the buckets untimed
+(:class:`BucketTimer` refuses to start, attach warns) rather than failing the shim's import."""
 
 _compiling = torch.compiler.is_compiling
 
@@ -80,7 +83,7 @@ class _Tap(dist.ProcessGroup):
         try:
             done = self._issued(tensors)
             work = self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
-            return work if done is None else _create_work_from_future(work.get_future().then(done))
+            return work if done is None or _work_from_future is None else _work_from_future(work.get_future().then(done))
         finally:
             _inside.tap = False
 
@@ -168,6 +171,8 @@ class BucketTimer:
         """Whether the user's own comm hook (whose collectives bypass the tap) was warned about."""
         self._open: dict[int, int] = {}
         """Bucket index -> ``perf_counter_ns`` when it was handed over, while its all-reduce is in flight."""
+        if _work_from_future is None:
+            raise RuntimeError("torch has no _create_work_from_future")
         self._real = ddp.process_group
         _keep_out_of_dynamo()
         self._tap: _Tap | None = _Tap(self._real, self._issued)
