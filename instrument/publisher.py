@@ -33,13 +33,6 @@ GPU_POLL_S: Final = 0.02
 """While an iteration's CUDA events have not run yet, how often the publisher thread looks again. Otherwise it
 sleeps until something is enqueued, a monitor subscribes, or a hello or calibration is due."""
 
-FLUSH_EVERY_S: Final = 0.25
-"""While iterations keep coming, how often the publisher thread wakes to send them: a few iterations per turn
-instead of a wake-up (a syscall on the training thread, two context switches, the GIL handed over and back) per
-iteration. A frame reaches the monitor this much later at most, within the screen's refresh (1 s). An iteration
-handed over to a publisher that found nothing to send on its last turn (it sleeps until its next duty then)
-wakes it at once."""
-
 HELLO_EVERY_S: Final = 2.0
 """A monitor started after the job, or a hello lost to ZeroMQ's slow joiner, must not leave the monitor blind."""
 
@@ -177,10 +170,7 @@ class Publisher:
         # Closed only once nothing can write to them: a descriptor closed under a late hand-over could be reused.
         weakref.finalize(self, _close_all, self._wake_r, self._wake_w)
         self._woken = False
-        """A byte is on its way: the next hand-over skips the write."""
-        self._napping = True
-        """The publisher thread sleeps until its next duty (a hello, a heartbeat: up to seconds), not until its
-        next flush: an iteration handed over must wake it. False while iterations keep coming."""
+        """A byte is on its way: the next hand-over skips the write (one syscall an iteration at most)."""
         self.turns = 0
         """Times the publisher thread woke up: idle, a few a second (hellos), not a poll every few ms."""
         self._thread = threading.Thread(target=self._run, name="dagtop-publisher", daemon=True)
@@ -193,17 +183,12 @@ class Publisher:
     # ------------------------------------------------------------------ training thread
 
     def put_iteration(self, iteration: int, events: list[tuple[Any, ...]]) -> None:
-        """Hand one iteration's events over; never blocks, drops (and counts) when the queue is full.
-
-        Wakes the publisher thread only if it is napping: while iterations keep coming it wakes by itself every
-        :data:`FLUSH_EVERY_S`, so a training step costs a deque append, not a syscall and a thread switch.
-        """
+        """Hand one iteration's events over; never blocks, drops (and counts) when the queue is full."""
         if len(self._queue) >= QUEUE_FRAMES:
             self.dropped_queue += 1
             return
         self._queue.append(("iter", iteration, events))
-        if self._napping:  # read after the append: see _loop for why no iteration is left asleep
-            self._wake()
+        self._wake()
 
     def put_buckets(self, buckets: list[wire.Bucket], parameter_bytes: tuple[tuple[int, ...], ...] = ()) -> None:
         """The final bucket map (and its parameters' bytes, where known); sent now and again with every hello."""
@@ -331,22 +316,17 @@ class Publisher:
         next_heartbeat = started + HEARTBEAT_EVERY_S if self._where is not None else float("inf")
         joined = False
         hold_until = started + JOIN_GRACE_S
-        ready: dict[Any, int] = {sock: zmq.POLLIN, self._wake_r: zmq.POLLIN}  # the first turn looks at everything
-        if events is not None:
-            ready[events] = zmq.POLLIN
         while True:
             self.turns += 1
-            self._napping = False  # awake: hand-overs from now on need not wake it
-            if self._wake_r in ready:
-                # Cleared before the queue is read: a hand-over from now on writes a byte, so none is missed.
-                self._woken = False
-                try:
-                    os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
+            # Cleared before the queue is read: a hand-over from now on writes a byte, so none is missed.
+            self._woken = False
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
             stopping = self._stop.is_set()
             now = time.monotonic()
-            subscribed = sock in ready and self._subscribed(sock)
+            subscribed = self._subscribed(sock)
             joined = joined or subscribed
             holding = not joined and now < hold_until and bool(self._queue)
             if subscribed or (early and now >= early[0]) or now >= next_hello:
@@ -357,12 +337,11 @@ class Publisher:
             if self._resolver is not None and now >= next_calibration:
                 self._resolver.calibrate()
                 next_calibration = now + 1.0
-            if events is not None and events in ready:
+            if events is not None:
                 self._refused(events)
             if now >= next_heartbeat:
                 self._send_heartbeat(sock)
                 next_heartbeat = now + HEARTBEAT_EVERY_S
-            sent = self.iterations
             waiting_on_gpu = not holding and self._drain(sock, stopping)
             if self._telemetry:
                 sample = self._telemetry.popleft()
@@ -373,17 +352,10 @@ class Publisher:
                 return
             due = min([next_hello, next_heartbeat, *early[:1], *([next_calibration] if self._resolver is not None else []),
                        *([hold_until] if holding else [])])
-            if self.iterations != sent or holding or waiting_on_gpu:
-                # Iterations are coming: the next ones are sent at the next flush, unasked.
-                due = min(due, now + (GPU_POLL_S if waiting_on_gpu else FLUSH_EVERY_S))
-            else:
-                # Nothing came since the last turn: sleep until the next duty, and have a hand-over wake it. Set
-                # before the queue is looked at again; the training thread appends before it reads the flag, so
-                # either it sees the flag and wakes this thread, or this look sees its iteration.
-                self._napping = True
-                if self._queue:
-                    due = now
-            ready = dict(poller.poll(max(0, int((due - time.monotonic()) * 1000) + 1)))
+            sleep_s = due - time.monotonic()
+            if waiting_on_gpu:
+                sleep_s = min(sleep_s, GPU_POLL_S)
+            poller.poll(max(0, int(sleep_s * 1000) + 1))
 
     def _subscribed(self, sock: zmq.Socket[bytes]) -> bool:
         """True if a monitor subscribed since the last look (XPUB hands us b'\\x01' + topic)."""

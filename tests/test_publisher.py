@@ -47,40 +47,6 @@ def test_an_idle_publisher_sleeps_and_a_hand_over_wakes_it(collector: Any, endpo
     collector.until_bye()
 
 
-def test_iterations_that_keep_coming_do_not_wake_the_publisher_one_by_one(
-        collector: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Waking the publisher per iteration cost the training thread a syscall and both threads a context switch
-    # and a GIL hand-over, every step (#29). While iterations keep coming it flushes them on its own clock.
-    monkeypatch.setattr(publisher_module, "HELLO_EVERY_S", 3600.0)
-    monkeypatch.setattr(publisher_module, "HELLO_EARLY_S", ())
-    publisher = Publisher(endpoint, 0, _hello, on_error=lambda exc: None)
-    wakes: list[int] = []
-    write = os.write
-
-    def counted(fd: int, data: bytes) -> int:
-        if fd == publisher._wake_w:  # type: ignore[attr-defined]
-            wakes.append(fd)
-        return write(fd, data)
-
-    count = 40
-    try:
-        collector.joined()
-        monkeypatch.setattr(publisher_module.os, "write", counted)
-        for it in range(count):  # 50 iterations a second, as a training loop hands them over
-            now = time.perf_counter_ns()
-            publisher.put_iteration(it, [("compute", "update", "optimizer.step", "main", now, now + 5, 0)])
-            time.sleep(0.02)
-        collector.wait_for(lambda frames: sum(isinstance(f, wire.IterationBatch) for f in frames) == count,
-                           f"the {count} iterations")
-        monkeypatch.undo()
-    finally:
-        publisher.close()
-    collector.until_bye()
-    # The first one wakes it (it was asleep); then only one that finds it asleep again, after a stall of the loop.
-    assert len(wakes) <= count // 4, f"{len(wakes)} wake-ups for {count} iterations"
-    assert [f.iteration for f in collector.decoded() if isinstance(f, wire.IterationBatch)] == list(range(count))
-
-
 def test_the_first_iterations_wait_for_the_monitor_to_subscribe(collector: Any, endpoint: str) -> None:
     # A job's first iteration is often handed over before the TCP connection is up: a PUB socket would drop it.
     now = time.perf_counter_ns()
