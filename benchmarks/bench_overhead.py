@@ -1,38 +1,41 @@
-"""What the shim costs a training job: 2-rank gloo DDP with and without dagtop, and µs per event.
+"""What the shim costs a training job: each rank's CPU per step beside step time, on four kinds of job.
 
-    python benchmarks/bench_overhead.py                        # 15 rounds of both jobs, ~10 minutes on 2 cores
+    python benchmarks/bench_overhead.py                        # 12 rounds of each kind, ~12 minutes on 2 cores
     python benchmarks/bench_overhead.py --rounds 3 --steps 10  # a quick look
-    python benchmarks/bench_overhead.py --jobs mlp             # one job
+    python benchmarks/bench_overhead.py --jobs mlp --modes plain block allreduce_hook layer
 
-Two jobs, each two ranks on this machine (gloo, one torch thread per rank, each rank pinned to a core), each rank
-one process that runs every mode in turn on the same model: a fresh ``DistributedDataParallel`` per run, modes
-rotated every round so no mode always runs first, and the slower rank's median step kept. The jobs:
+Each kind (benchmarks/job_kinds.py: compute-heavy CNN, communication-heavy MLP, loader-bound job with DataLoader
+workers, small transformer) runs on two ranks of this machine (gloo, one torch thread per rank, each rank pinned to
+a core), each rank one process that runs every mode in turn on the same model: a fresh ``DistributedDataParallel``
+per run, modes rotated every round so no mode always runs first. ``plain`` is DDP with its built-in C++
+all-reduce, the baseline; ``plain again``, the same once more: what the paired measure says of no change at all
+(its noise on this machine at this load); ``block`` is dagtop as shipped (default granularity, telemetry and
+heartbeats on);
+``allreduce_hook`` (PyTorch's Python comm hook, for reference), ``layer`` and ``layer 1 in 10`` on request.
+Nothing listens on the endpoint: the publisher still encodes and sends every frame.
 
-* ``cnn``, compute-heavy: the demo's CNN (dagtop/demo/job.py) at its batch of 64, small gradients;
-* ``mlp``, communication-heavy: a 10 M-parameter MLP at batch 2 (40 MB of gradients, ~40 % of the step in the
-  all-reduce), the job of issue #10.
-
-Modes: ``plain`` is DDP with its built-in C++ all-reduce — the baseline; ``allreduce_hook`` is PyTorch's Python
-``default_hooks.allreduce_hook`` registered as a comm hook (what a comm-hook timer pays at least, for
-reference); ``block``, ``layer``, ``layer 1 in 10`` are dagtop's granularities. Nothing listens on the
-endpoint: the publisher still encodes and sends every frame, so its thread's share of the cores is in the
-figures. "paired" is the median over rounds of each round's mode/plain ratio (seconds apart, so drift cancels),
-with its interquartile range. Two of them: the slower rank's median step (what the job feels, and what a shared
-VM's scheduler blurs by a few percent either way), and both ranks' CPU seconds per step over all their threads
-(what the shim adds in work, which waiting and preemption do not inflate).
+Per round and mode: the slower rank's median step, and each rank's CPU per step — ``time.process_time()`` of
+the rank (every thread: training, gloo's, the shim's) plus, for the loader job, its DataLoader workers' CPU
+(``RUSAGE_CHILDREN`` once the workers have exited, spread over the batches they made). "paired" is the median
+over rounds of each round's mode − plain (seconds apart, so drift cancels), with its interquartile range.
+Per thread (``/proc/self/task/*/schedstat``): where the difference goes.
 
 Per event: a chain of 100 tiny layers where hooks are nearly all the work (minimum over repeats: noise only ever
-adds): torch's bare hook dispatch (no-op forward pre/post hooks and a no-op autograd-node prehook per layer, the
-hooks dagtop installs) next to dagtop's per-layer timing, each as training-thread µs per event.
+adds): torch's bare hook dispatch next to dagtop's per-layer timing, as training-thread µs per event; and the
+publisher thread's µs to fill the spans and encode one such iteration. Start-up and a long run's flatness:
+benchmarks/bench_shim_life.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,130 +45,165 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import job_kinds
+
 import instrument
 from dagtop.demo.launch import free_endpoint, free_port
 
 MODES: dict[str, dict[str, Any] | None] = {
     "plain": None,
-    "allreduce_hook": None,
+    "plain again": None,
     "block": {"granularity": "block"},
-    "block, publisher at nice 0": {"granularity": "block"},
+    "allreduce_hook": None,
     "layer 1 in 10": {"granularity": "block", "sample_every": 10},
     "layer": {"granularity": "layer"},
 }
 WARMUP = 3
+THREADS = ("main", "gloo", "dagtop-publisher", "dagtop-telemetry", "zmq", "other")
+"""The rank's threads, grouped: the training thread, gloo's (run loops and TCP loop), the shim's, ZeroMQ's."""
+STEPS = {"cnn": 25, "mlp": 40, "loader": 25, "transformer": 30}
+"""Steps per run (after the warm-up), about a second of each kind on two ranks of this machine."""
 
 
-def _mlp() -> nn.Module:
-    width = 2236  # two 2236×2236 layers: 10.0 M parameters
-    return nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+def thread_cpu() -> dict[str, int]:
+    """CPU nanoseconds of each of this process's threads so far, grouped as :data:`THREADS`."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    main = threading.main_thread().native_id
+    out = dict.fromkeys(THREADS, 0)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # the thread has just ended
+            continue
+        name = "main" if int(tid) == main else names.get(int(tid), comm)
+        group = "gloo" if "gloo" in name else "zmq" if name.startswith("ZMQ") else name
+        out[group if group in out else "other"] += ns
+    return out
 
 
-def _job(name: str, steps: int) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
-    torch.manual_seed(0)
-    if name == "cnn":
-        from dagtop.demo.job import BATCH, IMAGE, make_model
-
-        model = make_model(wide=False)
-        return model, [(torch.randn(BATCH, 3, IMAGE, IMAGE), torch.randint(10, (BATCH,))) for _ in range(steps)]
-    return _mlp(), [(torch.randn(2, 256), torch.randint(10, (2,))) for _ in range(steps)]
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
-def _run(model: nn.Module, mode: str, batches: list[Any]) -> tuple[float, float]:
-    """This rank's median seconds per step after the warm-up, and its CPU seconds per step (all its threads)."""
+def _run(job: job_kinds.Job, mode: str, steps: int) -> dict[str, Any]:
+    """One run of ``mode``: this rank's median step, CPU per step (own and its workers'), CPU per step by thread."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = nn.parallel.DistributedDataParallel(job.model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     if mode == "allreduce_hook":
         ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
     options = MODES[mode]
-    from instrument import publisher
-
-    publisher.BACKGROUND_NICE = None if mode == "block, publisher at nice 0" else 19
     tracer: Any = instrument.NullTracer() if options is None else instrument.attach(
         ddp, optimizer, endpoint=free_endpoint(), **options)
-    loss_fn = nn.CrossEntropyLoss()
-    stamps, cpu = [], 0.0
-    for i, batch in enumerate(tracer.loader(batches)):
+    batches = job.batches(WARMUP + steps)
+    children = _children_cpu()
+    stamps: list[float] = []
+    cpu, threads = 0.0, thread_cpu()
+    for i, (x, y) in enumerate(tracer.loader(batches)):
         stamps.append(time.perf_counter())
         if i == WARMUP:
-            cpu = time.process_time()
-        x, y = tracer.to_device(batch, "cpu")
-        loss = loss_fn(ddp(x), y)
+            cpu, threads = time.process_time(), thread_cpu()
+        loss = job.loss(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     stamps.append(time.perf_counter())
-    cpu = (time.process_time() - cpu) / (len(batches) - WARMUP)
+    cpu = (time.process_time() - cpu) / steps
+    after = thread_cpu()
     tracer.close()
+    del batches  # a DataLoader's workers have exited with its last batch: their CPU is counted now
+    workers = (_children_cpu() - children) / (WARMUP + steps)
     # The median step, not the mean: a step the VM's scheduler stalled says nothing about the mode.
-    return statistics.median(b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1:])), cpu
+    step = statistics.median(b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1:]))
+    return {"mode": mode, "step": step, "cpu": cpu, "workers": workers,
+            "threads": {k: (after[k] - threads[k]) / 1e9 / steps for k in THREADS}}
 
 
-def _rank(rank: int, port: int, job: str, rounds: int, steps: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DAGTOP_TELEMETRY="0")
+def _rank(rank: int, port: int, kind: str, rounds: int, steps: int, modes: list[str], out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # Spawned, this rank would spawn its DataLoader workers too (a second of imports each); torchrun's ranks fork.
+    mp.set_start_method("fork", force=True)
     torch.set_num_threads(1)
     if len(os.sched_getaffinity(0)) >= 2:  # a core each: the shim's threads compete with their own rank only
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    model, batches = _job(job, steps + WARMUP)
-    rows = []
-    for r in range(rounds):
-        order = list(MODES)
-        order = order[r % len(order):] + order[: r % len(order)]
-        for mode in order:
-            dist.barrier()
-            seconds, cpu = _run(model, mode, batches)
-            slower, both = torch.tensor([seconds], dtype=torch.float64), torch.tensor([cpu], dtype=torch.float64)
-            dist.all_reduce(slower, op=dist.ReduceOp.MAX)
-            dist.all_reduce(both, op=dist.ReduceOp.SUM)
-            rows.append(f"{r}\t{mode}\t{slower.item()!r}\t{both.item()!r}")
-        if rank == 0:
-            print(f"  {job}: round {r + 1}/{rounds}", file=sys.stderr, end="\r")
-    if rank == 0:
-        Path(out).write_text("\n".join(rows))
+    job = job_kinds.make(kind, rank)
+    with open(Path(out) / f"rank{rank}.jsonl", "w") as sink:
+        for r in range(rounds):
+            for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
+                dist.barrier()
+                sink.write(json.dumps({"round": r, **_run(job, mode, steps)}) + "\n")
+            if rank == 0:
+                print(f"  {kind}: round {r + 1}/{rounds}", file=sys.stderr, end="\r")
     dist.destroy_process_group()
 
 
-def interleaved(job: str, rounds: int, steps: int) -> dict[str, list[tuple[float, float]]]:
-    """Per mode and round, the slower rank's median step and both ranks' CPU seconds per step, in seconds."""
+def interleaved(kind: str, rounds: int, steps: int, modes: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per mode, per round: the slower rank's median step, the ranks' mean CPU per step (own + workers'), and
+    the ranks' mean CPU per step of each thread group; in seconds."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "rows.tsv")
-        mp.start_processes(_rank, args=(free_port(), job, rounds, steps, out), nprocs=2, start_method="spawn")
-        times: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
-        for line in Path(out).read_text().splitlines():
-            _, mode, seconds, cpu = line.split("\t")
-            times[mode].append((float(seconds), float(cpu)))
-    return times
+        mp.start_processes(_rank, args=(free_port(), kind, rounds, steps, modes, tmp), nprocs=2,
+                           start_method="spawn")
+        rows = [[json.loads(line) for line in (Path(tmp) / f"rank{r}.jsonl").read_text().splitlines()]
+                for r in range(2)]
+    out: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for a, b in zip(*rows):
+        out[a["mode"]].append({
+            "step": max(a["step"], b["step"]),
+            "cpu": (a["cpu"] + a["workers"] + b["cpu"] + b["workers"]) / 2,
+            "workers": (a["workers"] + b["workers"]) / 2,
+            "threads": {k: (a["threads"][k] + b["threads"][k]) / 2 for k in THREADS},
+        })
+    return out
 
 
-def _paired(values: list[float], plain: list[float]) -> str:
-    """The median over rounds of the mode/plain ratio, with its interquartile range."""
-    ratios = [(t / p - 1) * 100 for t, p in zip(values, plain)]
-    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-    return f"{statistics.median(ratios):+.2f}% ({q1:+.2f}..{q3:+.2f})"
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q1, statistics.median(values), q3
 
 
-def table(job: str, times: dict[str, list[tuple[float, float]]], steps: int) -> None:
-    plain = [step for step, _ in times["plain"]]
-    plain_cpu = [cpu for _, cpu in times["plain"]]
-    print(f"{job}: {len(plain)} interleaved rounds of {steps} steps, 2 ranks (gloo, 1 thread each, a core each):")
-    print(f"  {'mode':<16} {'step ms':>8} {'min..max ms':>13} {'step, paired vs plain (IQR)':>29} {'CPU ms':>7}"
-          f" {'CPU, paired vs plain (IQR)':>28}")
-    for mode, rounds in times.items():
-        steps_s, cpus = [step for step, _ in rounds], [cpu for _, cpu in rounds]
-        spread = f"{min(steps_s) * 1e3:.1f}..{max(steps_s) * 1e3:.1f}"
-        print(f"  {mode:<16} {statistics.median(steps_s) * 1e3:8.2f} {spread:>13} {_paired(steps_s, plain):>29}"
-              f" {statistics.median(cpus) * 1e3:7.2f} {_paired(cpus, plain_cpu):>28}")
-    if "block, publisher at nice 0" in times:  # the publisher thread's niceness, the one difference
-        niced, not_niced = times["block"], times["block, publisher at nice 0"]
-        print(f"  block (publisher at nice {19}) vs block with it at nice 0: step "
-              f"{_paired([s for s, _ in niced], [s for s, _ in not_niced])}, CPU "
-              f"{_paired([c for _, c in niced], [c for _, c in not_niced])}")
-    print("  step: the slower rank's median step; CPU: both ranks' CPU time per step, every thread (the shim's "
-          "publisher included)")
+def _spread(values: list[float], scale: float, fmt: str) -> str:
+    q1, q2, q3 = _quartiles([v * scale for v in values])
+    return f"{q2:{fmt}} ({q1:{fmt}}..{q3:{fmt}})"
+
+
+def table(kind: str, times: dict[str, list[dict[str, Any]]], steps: int, load: tuple[float, float]) -> None:
+    plain = times["plain"]
+    print(f"{kind}: {len(plain)} interleaved rounds of {steps} steps, 2 ranks (gloo, 1 thread each, a core each); "
+          f"load average {load[0]:.2f} before, {load[1]:.2f} after")
+    print(f"  {'mode':<14} {'step ms (IQR)':>22} {'step vs plain (IQR)':>24} {'CPU/rank/step ms (IQR)':>24}"
+          f" {'CPU vs plain, ms (IQR)':>26} {'CPU vs plain, % (IQR)':>25}")
+    for mode, rows in times.items():
+        step = [r["step"] for r in rows]
+        cpu = [r["cpu"] for r in rows]
+        line = f"  {mode:<14} {_spread(step, 1e3, '.2f'):>22}"
+        if mode == "plain":
+            print(f"{line} {'':>24} {_spread(cpu, 1e3, '.2f'):>24}")
+            continue
+        step_pct = [(s / p["step"] - 1) for s, p in zip(step, plain)]
+        cpu_ms = [(c - p["cpu"]) for c, p in zip(cpu, plain)]
+        cpu_pct = [(c / p["cpu"] - 1) for c, p in zip(cpu, plain)]
+        print(f"{line} {_spread(step_pct, 100, '+.2f') + ' %':>24} {_spread(cpu, 1e3, '.2f'):>24}"
+              f" {_spread(cpu_ms, 1e3, '+.3f'):>26} {_spread(cpu_pct, 100, '+.2f') + ' %':>25}")
+        parts = []
+        for group in THREADS:
+            diffs = [r["threads"][group] - p["threads"][group] for r, p in zip(rows, plain)]
+            parts.append(f"{group} {statistics.median(diffs) * 1e6:+.0f}")
+        if any(r["workers"] for r in rows):
+            diffs = [r["workers"] - p["workers"] for r, p in zip(rows, plain)]
+            parts.append(f"DataLoader workers {statistics.median(diffs) * 1e6:+.0f}")
+        print(f"  {'':<14} by thread, µs per rank per step vs plain (median of paired rounds): {', '.join(parts)}")
+    if any(r["workers"] for r in plain):
+        print(f"  (CPU includes the {job_kinds.LOADER_WORKERS} DataLoader workers of each rank: "
+              f"{_spread([r['workers'] for r in plain], 1e3, '.2f')} ms per step in plain)")
 
 
 def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tuple[float, float, int, float]:
@@ -228,6 +266,50 @@ def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tup
     return per_bare, per_dagtop, int(events), _encoding_cost(published)
 
 
+def per_bucket_cost(buckets: int = 16, steps: int = 200, repeats: int = 5) -> tuple[float, float]:
+    """CPU µs per DDP bucket of dagtop's all-reduce tap: on the training thread (the reducer's call into the tap
+    and back) and on gloo's threads (the done callback), at world size 1 (gloo) with one bucket per layer.
+
+    dagtop with its tap against dagtop with the tap taken out, so the hooks cancel; per-step training-thread CPU,
+    its tenth percentile, best of ``repeats`` interleaved runs (noise only ever adds); gloo's threads by mean.
+    """
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(buckets)])
+        x = torch.randn(8, 64)
+
+        def run(tapped: bool) -> tuple[float, float]:
+            ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # each layer a bucket of its own
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.0)
+            tracer: Any = instrument.attach(ddp, optimizer, endpoint=free_endpoint())
+            if not tapped:
+                tracer._comm.remove()
+                tracer._comm = None
+            per_step: list[int] = []
+            before = thread_cpu()
+            for i in range(steps + 10):
+                if i == 10:
+                    before = thread_cpu()
+                start = time.thread_time_ns()
+                ddp(x).sum().backward()
+                optimizer.step()
+                per_step.append(time.thread_time_ns() - start)
+            after = thread_cpu()
+            tracer.close()
+            return sorted(per_step[10:])[steps // 10] / 1e3, (after["gloo"] - before["gloo"]) / steps / 1e3
+
+        runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        for r in range(repeats):
+            for tapped in (r % 2 == 0, r % 2 == 1):
+                runs[tapped].append(run(tapped))
+        main = (min(m for m, _ in runs[True]) - min(m for m, _ in runs[False])) / buckets
+        gloo = (statistics.median(g for _, g in runs[True]) - statistics.median(g for _, g in runs[False])) / buckets
+        return main, gloo
+    finally:
+        dist.destroy_process_group()
+
+
 def _encoding_cost(events: list[tuple[Any, ...]], repeats: int = 200) -> float:
     """The publisher thread's µs per iteration for ``events`` (spans filled, frame encoded): minimum of repeats."""
     from instrument import wire
@@ -243,19 +325,28 @@ def _encoding_cost(events: list[tuple[Any, ...]], repeats: int = 200) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--jobs", nargs="+", default=["cnn", "mlp"], choices=["cnn", "mlp"])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=0, help="steps per run (default: about a second of each kind)")
+    parser.add_argument("--jobs", nargs="+", default=list(job_kinds.KINDS), choices=job_kinds.KINDS)
+    parser.add_argument("--modes", nargs="+", default=["plain", "plain again", "block"], choices=list(MODES))
     parser.add_argument("--no-per-event", action="store_true")
     args = parser.parse_args(argv)
+    modes = ["plain", *[m for m in args.modes if m != "plain"]]
+    print(f"load average {os.getloadavg()[0]:.2f} at the start; torch {torch.__version__}, {os.cpu_count()} CPUs")
     if not args.no_per_event:
         torch.set_num_threads(1)
         bare, dagtop, events, encode = per_event_cost()
         print(f"per event, training thread (chain of 100 tiny layers, {events} events/step, 1 thread): "
               f"torch's bare hook dispatch {bare:.2f} µs, dagtop {dagtop:.2f} µs (hooks included)")
         print(f"publisher thread, per iteration of {events} events (spans filled, frame encoded): {encode:.0f} µs")
-    for job in args.jobs:
-        table(job, interleaved(job, args.rounds, args.steps), args.steps)
+        main, gloo = per_bucket_cost()
+        print(f"per DDP bucket, the all-reduce tap (world size 1, 16 buckets): training thread {main:.1f} µs, "
+              f"gloo's threads {gloo:.1f} µs")
+    for kind in args.jobs:
+        steps = args.steps or STEPS[kind]
+        before = os.getloadavg()[0]
+        times = interleaved(kind, args.rounds, steps, modes)
+        table(kind, times, steps, (before, os.getloadavg()[0]))
     return 0
 
 

@@ -12,7 +12,8 @@ reducer's process group is swapped for :class:`_Tap`, a ``ProcessGroup`` subclas
 the real one (its backends are registered on the tap) and, for the bucket all-reduces, notes when the bucket was
 handed over (ready) and gives the reducer a future completed after dagtop's callback on the real one (done).
 The reduction, its numerics and its thread are DDP's own; dagtop adds one Python call, one callback and one
-future per bucket. Relies on the private ``Reducer._update_process_group`` (torch 2.2 to 2.13; DDP's own
+future per bucket (about 20 µs of CPU per bucket on this 2-core VM, most of it crossing between C++ and Python:
+benchmarks/bench_overhead.py). Relies on the private ``Reducer._update_process_group`` (torch 2.2 to 2.13; DDP's own
 ``_update_process_group`` uses it); where it fails, attach warns and the buckets go untimed.
 
 The reducer hands buckets over in index order (it waits for bucket k before k+1, "buckets are reduced in
@@ -37,6 +38,10 @@ import torch.distributed as dist
 from instrument import wire
 from instrument.timing import Stamp, Switch
 
+_work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
+"""torch's C++ ``Work`` around a future (private, not in the stubs); a torch without it leaves the buckets untimed
+(:class:`BucketTimer` refuses to start, attach warns) rather than failing the shim's import."""
+
 _compiling = torch.compiler.is_compiling
 
 _inside = threading.local()
@@ -59,11 +64,26 @@ class _Tap(dist.ProcessGroup):
             self._set_default_backend(default)
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override] # the C++ one
+        """The real all-reduce; for a bucket, a work whose future completes after dagtop's callback on the real one.
+
+        The reducer waits for each bucket's future before the optimizer may run: handing it the ``then`` future
+        makes it wait until the done event is noted, as it waits for a comm hook's future. Waiting on the work's
+        own future instead, the callback would run on the collective's thread only when the training thread next
+        lets go of the GIL, stamping "done" late, in the next iteration at worst. The work around that future is
+        torch's own C++ one (``_create_work_from_future``, "the preferred way of constructing Work objects when
+        writing a custom ProcessGroup in python"): the reducer then reads its future without calling into Python.
+
+        Tried and measured (#29): the work handed back as it is, with the callback added to its own future. That
+        costs less (at world size 1 with 16 buckets, about 17 µs of the training thread and 12 µs of gloo's per
+        bucket), but the callback then waits for the GIL, which the training thread takes back after each torch
+        op faster than a woken thread gets it: on two ranks of a loaded 2-core VM, 10-20 % of iterations had a
+        bucket stamped done during the optimizer step, milliseconds late (tests/test_e2e_ddp.py caught it).
+        """
         _inside.tap = True
         try:
             done = self._issued(tensors)
             work = self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
-            return work if done is None else _TimedWork(work, work.get_future().then(done))
+            return work if done is None or _work_from_future is None else _work_from_future(work.get_future().then(done))
         finally:
             _inside.tap = False
 
@@ -76,46 +96,6 @@ class _Tap(dist.ProcessGroup):
 
     def name(self) -> str:
         return str(self.inner.name())
-
-
-class _TimedWork(dist.Work):
-    """The real work, with the future the reducer waits on replaced by one completed after dagtop's callback.
-
-    The reducer waits for each bucket's future before the optimizer may run: handing it the ``then`` future
-    makes it wait until the done event is noted, as it waits for a comm hook's future. Waiting on the work's own
-    future instead, the callback would run on the collective's thread only when the training thread next lets go
-    of the GIL, stamping "done" late, in the next iteration at worst.
-    """
-
-    def __init__(self, work: Any, future: Any) -> None:
-        super().__init__()
-        self._work = work
-        self._future = future
-
-    def get_future(self) -> Any:
-        return self._future
-
-    def wait(self, timeout: Any = None) -> bool:
-        self._future.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return bool(self._future.done())
-
-    def is_success(self) -> bool:
-        return bool(self._work.is_success())
-
-    def exception(self) -> Any:
-        return self._work.exception()
-
-    def source_rank(self) -> int:
-        return int(self._work.source_rank())
-
-    def result(self) -> Any:
-        return self._work.result()
-
-    def synchronize(self) -> None:
-        self._work.synchronize()
 
 
 def _keep_out_of_dynamo() -> None:
@@ -185,10 +165,14 @@ class BucketTimer:
         self.parameter_bytes: tuple[tuple[int, ...], ...] = ()
         """Per bucket of the map :meth:`iteration_done` last returned, its parameters' bytes in the order of their
         names (empty where the names are)."""
+        self._known: dict[int, tuple[int, torch.dtype, str, tuple[int, torch.dtype]]] = {}
+        """Bucket index -> (elements, dtype, task name, (bytes, dtype)) as last handed over: worked out once."""
         self._hook_said = False
         """Whether the user's own comm hook (whose collectives bypass the tap) was warned about."""
         self._open: dict[int, int] = {}
         """Bucket index -> ``perf_counter_ns`` when it was handed over, while its all-reduce is in flight."""
+        if _work_from_future is None:
+            raise RuntimeError("torch has no _create_work_from_future")
         self._real = ddp.process_group
         _keep_out_of_dynamo()
         self._tap: _Tap | None = _Tap(self._real, self._issued)
@@ -205,23 +189,31 @@ class BucketTimer:
         self._next = 0
 
     def _issued(self, tensors: Sequence[torch.Tensor]) -> Callable[[Any], Any] | None:
-        """The reducer hands a bucket over: note it; the callback for its future, or None if untimed."""
+        """The reducer hands a bucket over: note it; the callback for its future, or None if untimed.
+
+        Runs on the training thread for every bucket, and its callback on the collective's thread: both kept to
+        a few attribute reads (the bucket's name and size are worked out once per index and byte count).
+        """
         if not self._switch.on or len(tensors) != 1:
             return None
         try:
             tensor = tensors[0]
-            if not tensor.is_floating_point() and not tensor.is_complex():
+            dtype = tensor.dtype
+            if not dtype.is_floating_point and not dtype.is_complex:
                 return None  # the used-parameter map of find_unused_parameters, not a bucket
             ready = self._stamp()
             index = self._next
-            self._next += 1
-            size = tensor.numel() * tensor.element_size()
-            self._sizes[index] = (size, tensor.dtype)
+            self._next = index + 1
+            numel = tensor.numel()
+            known = self._known.get(index)
+            if known is None or known[0] != numel or known[1] is not dtype:
+                known = self._known[index] = (numel, dtype, f"bucket {index}", (numel * tensor.element_size(), dtype))
+            self._sizes[index] = known[3]
             self._open[index] = time.perf_counter_ns()
         except Exception as exc:  # noqa: BLE001 - never reach the training loop
             self._fail(exc)
             return None
-        name = f"bucket {index}"
+        name, size = known[2], known[3][0]
         sink, stamp, open_, fail = self._sink, self._stamp, self._open, self._fail
 
         def done(future: Any) -> Any:

@@ -105,3 +105,25 @@ def test_a_comm_hook_of_the_users_own_is_said_once(one_rank: None) -> None:
         _train(ddp, timer, 3)
     said = [w for w in caught if "comm hook of its own" in str(w.message)]
     assert len(said) == 1 and not events
+
+
+def test_a_torch_without_the_work_constructor_trains_with_its_buckets_untimed(
+        one_rank: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import instrument
+    from dagtop.demo.launch import free_endpoint
+    from instrument import comm
+
+    monkeypatch.setattr(comm, "_work_from_future", None)  # as on a torch whose c10d lacks it
+    ddp = DDP(_model())
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    with pytest.warns(RuntimeWarning, match="all-reduces are not timed"):
+        tracer = instrument.attach(ddp, optimizer, endpoint=free_endpoint())
+    try:
+        assert tracer._comm is None  # type: ignore[attr-defined]
+        for _ in range(2):
+            ddp(torch.randn(8, 64)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert tracer.enabled  # the rest of the shim still runs
+    finally:
+        tracer.close()
