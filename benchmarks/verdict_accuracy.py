@@ -30,6 +30,7 @@ lock; ``--summary`` prints the tables from what is there. Run under the lock, e.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -215,8 +216,7 @@ def _without_script(path: Path, to: Path) -> None:
             frame = wire.decode(raw.payload)
             if isinstance(frame, wire.IterationBatch):
                 kept = [e for e in frame.events if SCRIPT not in e.name]
-                raw = RawFrame(raw.received_ns, wire.encode(wire.IterationBatch(frame.seq, frame.rank, frame.iteration,
-                                                                                kept, frame.dropped)))
+                raw = RawFrame(raw.received_ns, wire.encode(dataclasses.replace(frame, events=kept)))
             writer.append(raw)
 
 

@@ -3,6 +3,7 @@ named by op, matched across ranks in the DAG, never DDP's own twice; the trainin
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,7 @@ def _without_script(frames: list[RawFrame]) -> list[RawFrame]:
         frame = wire.decode(raw.payload)
         if isinstance(frame, wire.IterationBatch):
             kept = [e for e in frame.events if SCRIPT not in e.name]
-            raw = RawFrame(raw.received_ns, wire.encode(wire.IterationBatch(frame.seq, frame.rank, frame.iteration,
-                                                                            kept, frame.dropped)))
+            raw = RawFrame(raw.received_ns, wire.encode(dataclasses.replace(frame, events=kept)))
         out.append(raw)
     return out
 
