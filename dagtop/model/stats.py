@@ -14,6 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import cache
+from statistics import NormalDist
+
+EXACT_UP_TO = 400
+"""Values up to which the median's interval takes the binomial's exact order statistics (past it, its normal
+approximation: a report over a long recording has thousands)."""
 
 
 @cache
@@ -23,7 +28,7 @@ def _tail(n: int, k: int) -> float:
         return 1.0
     if k > n:
         return 0.0
-    return sum(math.comb(n, j) for j in range(k, n + 1)) / 2.0**n
+    return sum(math.comb(n, j) for j in range(k, n + 1)) / (1 << n)  # ints: 2.0**n overflows from n = 1024
 
 
 def sign_test(n: float, k: float) -> float:
@@ -77,6 +82,8 @@ def _incomplete_beta(a: float, b: float, x: float) -> float:
 def _rank(n: int, confidence: float) -> int:
     """The order statistic (1-based) of the interval's lower end: the largest l with P(B < l) ≤ (1 − c) / 2."""
     alpha = (1.0 - confidence) / 2.0
+    if n > EXACT_UP_TO:  # the normal approximation, exact enough here; the exact walk is O(n²) in big integers
+        return max(1, math.floor((n - NormalDist().inv_cdf(1.0 - alpha) * math.sqrt(n)) / 2.0))
     lo = 1
     while lo < n and 1.0 - _tail(n, lo + 1) <= alpha:  # P(B ≤ lo) = P(B < lo + 1)
         lo += 1
