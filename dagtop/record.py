@@ -15,6 +15,7 @@ from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
 from dagtop.model.admission import Admission, Losses
 from dagtop.model.completion import missing
+from dagtop.output import why
 from dagtop.recording import RawFrame, RecordingWriter
 from dagtop.sources import BindError, FrameSource, ZmqSource
 from instrument import wire
@@ -282,8 +283,7 @@ def run_record(args: argparse.Namespace) -> int:
         writer = RecordingWriter(args.output)
     except OSError as exc:
         source.close()
-        print(f"dagtop record: cannot write {args.output}: {os.strerror(exc.errno or 0) if exc.errno else exc}",
-              file=sys.stderr)
+        print(f"dagtop record: cannot write {args.output}: {why(exc, args.output)}", file=sys.stderr)
         return Exit.DISK
     with writer:
         try:
