@@ -265,7 +265,7 @@ def run_record(args: argparse.Namespace) -> int:
         return exc.code
     except BindError as exc:
         print(f"dagtop record: {exc}", file=sys.stderr)
-        return Exit.RECORD_CANNOT_BIND
+        return Exit.CANNOT_BIND
     if getattr(args, "metrics_port", None) is not None:  # analysed on the side, for Prometheus only
         from dagtop.advise import terms_of
         from dagtop.interop.metrics import MeteredSource, MetricsError
@@ -275,7 +275,7 @@ def run_record(args: argparse.Namespace) -> int:
         except MetricsError as exc:
             source.close()
             print(f"dagtop record: {exc}", file=sys.stderr)
-            return Exit.RECORD_CANNOT_BIND
+            return Exit.CANNOT_BIND
     if hasattr(signal, "SIGXFSZ"):  # past `ulimit -f`, a write fails with EFBIG (handled) instead of a core dump
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     line = ProgressLine()

@@ -106,7 +106,7 @@ def test_a_port_in_use_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
         code = main(["record", "--bind", free_endpoint(), "-o", str(tmp_path / "r.dagtop"),
                      "--metrics-port", f"127.0.0.1:{port}", "--timeout", "1"])
     err = capsys.readouterr().err
-    assert code == Exit.RECORD_CANNOT_BIND and err.count("\n") == 1 and f"127.0.0.1:{port}" in err
+    assert code == Exit.CANNOT_BIND and err.count("\n") == 1 and f"127.0.0.1:{port}" in err
 
 
 def test_a_bad_port_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
