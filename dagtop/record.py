@@ -299,7 +299,11 @@ def _exit_status(result: RecordResult, args: argparse.Namespace, frames: int) ->
         print(f"dagtop record: {result.disk_error}", file=sys.stderr)
         return Exit.DISK
     if result.stopped_because == "timeout":
-        if result.frames == 0:
+        if result.frames == 0 and result.refused:  # the job runs: its ranks hold no key, or another one
+            print(f"dagtop record: nothing received on {args.bind} for {args.timeout:g} s: --auth refused every rank "
+                  f"that connected ({result.refused} connections); give the ranks DAGTOP_AUTH=DIR with the rank key "
+                  f"of {args.auth} (`dagtop keygen`)", file=sys.stderr)
+        elif result.frames == 0:
             print(f"dagtop record: nothing received on {args.bind} for {args.timeout:g} s; is the job running with "
                   f"DAGTOP_ENDPOINT={args.bind}? ({frames} frames kept in {args.output})", file=sys.stderr)
         else:  # it was: it ended without its byes (frames a rank had not sent went with it), or the way is down
