@@ -43,11 +43,17 @@ def test_headline_says_the_window_first_then_the_iteration_on_screen() -> None:
                             shares={"allreduce": 0.46, "compute": 0.54}, exposed_comm_ms=38.2,
                             straggler=Straggler(3, "io", 21.3, 19.6))
     steady = SteadyVerdict(20, "compute", 0.52, SteadyStraggler(3, "io", 18, 20.4))
-    assert headline(steady, a, 78).plain.startswith("compute 52 % of critical path (last 20) · straggler rank 3 "
-                                                    "late 18/20 (io +20 ms) │ it 55")
-    assert headline(steady, a, 118).plain == (
+    assert headline(steady, a).plain == (
         "compute on the critical path 52 % (last 20) · straggler rank 3 (io +20 ms, "
         "late 18/20) │ it 55: all-reduce 46 % · exposed 38 ms · rank 3 late")
+    # Narrower: words shorten, the straggler's figures and the iteration's own share stay (issue #30).
+    assert headline(steady, a, 118).plain == (
+        "compute 52 % of path (last 20) · straggler rank 3 (io +20 ms, late 18/20) │ it 55: all-reduce 46 % · "
+        "exposed 38 ms")
+    assert headline(steady, a, 78).plain == ("compute 52 % · straggler r3 (io +20 ms, late 18/20) │ it 55: "
+                                             "all-reduce 46 %")
+    for width in range(78, 150):
+        assert headline(steady, a, width).cell_len <= width
     quiet = dataclasses.replace(steady, straggler=None)
     assert "(last 20) · no straggler │ it 55" in headline(quiet, dataclasses.replace(a, straggler=None)).plain
     # No window yet: the iteration's own verdict, its straggler figure the ranks table's Δ busy.

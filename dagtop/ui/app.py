@@ -23,6 +23,7 @@ from dagtop.sources import FrameSource
 from dagtop.telemetry import Sampler
 from dagtop.ui.collector import Collector
 from dagtop.ui.keys import RANK_SCROLL_KEYS, SCREEN_KEYS
+from dagtop.ui.renderables.status import job_ended
 from dagtop.ui.screens.advice import AdviceScreen
 from dagtop.ui.screens.help import HelpScreen
 from dagtop.ui.screens.rank_picker import RankPicker
@@ -162,6 +163,12 @@ class DagtopApp(App[int]):
             received = update.snapshot.received_ns
             lag = (self.clock() - received) / 1e9 if received else None
             status = self.status_bar
+            if job_ended(update.snapshot, True, status.job_exited):  # the lag would only grow: say when it ended
+                if status.ended_at is None and lag is not None:
+                    status.ended_at = time.strftime("%H:%M:%S", time.localtime(time.time() - lag))
+                lag = None
+            elif status.ended_at is not None:  # ranks again (an elastic restart): the job runs
+                status.ended_at = None
             if lag is None or status.lag_s is None or abs(lag - status.lag_s) >= 0.01:
                 status.lag_s = lag
 

@@ -6,58 +6,54 @@ from rich.text import Text
 
 from dagtop.model.snapshot import IterationAnalysis, SteadyVerdict
 from dagtop.ui.palette import STRAGGLER_COLOUR, colour, label
-
-NARROW = 100
-"""Below this many columns the headline uses its short form, so that the straggler's count still fits."""
+from dagtop.ui.renderables.fit import fit_line
 
 
-def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: int = NARROW) -> Text:
-    """What held over the recent window first, then the iteration on screen::
+def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: int | None = None) -> Text:
+    """What held over the recent window first, then the iteration on screen, in at most ``width`` cells::
 
         io on the critical path 78 % (last 20) · straggler rank 1 (io +122 ms, late 18/20) │ it 55: io 81 % · …
 
     Before there is a window (fewer than two iterations) the iteration's own verdict leads. The straggler's
-    figure is its busy time over the other ranks' median, the ranks table's Δ busy. Narrower than ``NARROW``::
+    figure is its busy time over the other ranks' median, the ranks table's Δ busy. Where the line does not fit,
+    its words shorten before a figure goes, and the iteration's own share stays (80 columns)::
 
-        io 78 % of critical path (last 20) · straggler rank 1 late 18/20 (io +122 ms) │ it 55: …
+        io 78 % (last 20) · straggler rank 1 (io +122 ms, late 18/20) │ it 55: io 81 %
     """
-    text = Text()
-    if not analysis.complete:
-        text.append("incomplete: a rank's events are missing", style=STRAGGLER_COLOUR)
-        text.append(" · ")
-    now_share = analysis.shares.get(analysis.bottleneck, 0.0)
+    incomplete = [Text("incomplete: a rank's events are missing · ", style=STRAGGLER_COLOUR),
+                  Text("incomplete · ", style=STRAGGLER_COLOUR)] if not analysis.complete else []
+    now_share = f"{analysis.shares.get(analysis.bottleneck, 0.0) * 100:.0f} %"
     if steady is None:
-        text.append(label(analysis.bottleneck), style=f"bold {colour(analysis.bottleneck)}")
-        text.append(f" on the critical path {now_share * 100:.0f} %", style="bold")
-        text.append(f" · {_communication(analysis)} · ")
+        lead = [_bottleneck(analysis.bottleneck, share, style="bold")
+                for share in (f" on the critical path {now_share}", f" {now_share} of critical path",
+                              f" {now_share} of path", f" {now_share}")]
         s = analysis.straggler
-        if s is None:
-            text.append("no straggler")
-        else:
-            _straggler(text, s.rank, s.category, s.busy_excess_ms, "")
-        return text
-    narrow = width < NARROW
-    text.append(label(steady.bottleneck), style=f"bold {colour(steady.bottleneck)}")
-    share = f"{steady.share * 100:.0f} %"
-    text.append(f" {share} of critical path" if narrow else f" on the critical path {share}", style="bold")
-    text.append(f" (last {steady.iterations})", style="bold")
-    text.append(" · ")
+        tail = [Text(f" · {_communication(analysis)} · ").append_text(
+            Text("no straggler") if s is None else _straggler(f"rank {s.rank}", s.category, s.busy_excess_ms, ""))]
+        return fit_line([incomplete, lead, tail], (0, 1, 1, 1), width if width is not None else 10**6)
+    share, window = f"{steady.share * 100:.0f} %", f" (last {steady.iterations})"
+    lead = [_bottleneck(steady.bottleneck, words, style="bold")
+            for words in (f" on the critical path {share}{window}", f" {share} of critical path{window}",
+                          f" {share} of path{window}", f" {share}{window}", f" {share}")]
     st = steady.straggler
-    if st is None:
-        text.append("no straggler")
-    elif narrow:
-        text.append(f"straggler rank {st.rank} late {st.late}/{steady.iterations}", style=f"bold {STRAGGLER_COLOUR}")
-        text.append(" (")
-        text.append(label(st.category), style=colour(st.category))
-        text.append(f" {st.busy_excess_ms:+.0f} ms)")
-    else:
-        _straggler(text, st.rank, st.category, st.busy_excess_ms, f", late {st.late}/{steady.iterations}")
-    text.append(f" │ it {analysis.iteration}: ", style="dim")
-    text.append(label(analysis.bottleneck), style=colour(analysis.bottleneck))
-    text.append(f" {now_share * 100:.0f} % · {_communication(analysis)}", style="dim")
-    if analysis.straggler is not None:
-        text.append(f" · rank {analysis.straggler.rank} late", style="dim")
-    return text
+    late = f", late {st.late}/{steady.iterations}" if st is not None else ""
+    straggler = [Text(" · no straggler")] if st is None else [
+        Text(" · ").append_text(_straggler(f"rank {st.rank}", st.category, st.busy_excess_ms, late)),
+        Text(" · ").append_text(_straggler(f"r{st.rank}", st.category, st.busy_excess_ms, late))]
+    now = Text.assemble((f" │ it {analysis.iteration}: ", "dim"),
+                        (label(analysis.bottleneck), colour(analysis.bottleneck)), (f" {now_share}", "dim"))
+    exposed = Text(f" · {_communication(analysis)}", style="dim")
+    its_late = Text(f" · rank {analysis.straggler.rank} late" if analysis.straggler else "", style="dim")
+    iteration = [Text.assemble(now, exposed, its_late), Text.assemble(now, exposed), now]
+    # Give way: the iteration's straggler (the window names it), the lead's words, the exposed figure, the
+    # window (the straggler's "late 18/20" says it too), the word "rank".
+    order = (0, 3, 1, 1, 3, 1, 1, 2)
+    return fit_line([incomplete, lead, straggler, iteration], order, width if width is not None else 10**6)
+
+
+def _bottleneck(category: str, words: str, style: str) -> Text:
+    """``io on the critical path 78 %``: the category in its colour, then ``words``."""
+    return Text.assemble((label(category), f"{style} {colour(category)}"), (words, style))
 
 
 def _communication(analysis: IterationAnalysis) -> str:
@@ -67,12 +63,10 @@ def _communication(analysis: IterationAnalysis) -> str:
     return f"exposed {analysis.exposed_comm_ms:.0f} ms"
 
 
-def _straggler(text: Text, rank: int, category: str, busy_ms: float, tail: str) -> None:
+def _straggler(rank: str, category: str, busy_ms: float, tail: str) -> Text:
     """``straggler rank 1 (io +122 ms…)``: the rank in red, the category in its colour."""
-    text.append(f"straggler rank {rank}", style=f"bold {STRAGGLER_COLOUR}")
-    text.append(" (")
-    text.append(label(category), style=colour(category))
-    text.append(f" {busy_ms:+.0f} ms{tail})")
+    return Text.assemble((f"straggler {rank}", f"bold {STRAGGLER_COLOUR}"), " (",
+                         (label(category), colour(category)), f" {busy_ms:+.0f} ms{tail})")
 
 
 def critical_path_bar(analysis: IterationAnalysis, width: int) -> Text:
