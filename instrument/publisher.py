@@ -119,6 +119,53 @@ class GpuResolver(Protocol):
     def enter_thread(self) -> None: ...
 
 
+GATE_TIMEOUT_S: Final = 10.0
+"""How long ``close()`` waits, past its own timeout, for a call into torch under way on the publisher thread (an
+event query or an idle stream's synchronize: micro- to milliseconds; seconds on a loaded machine)."""
+
+
+class _Gate:
+    """The publisher thread's way into torch (a :class:`GpuResolver`'s CUDA events), shut for good by ``close()``.
+
+    The thread is a daemon: if it is still running when the interpreter finalizes, a torch call that released the
+    GIL ends, on taking it back, in ``pthread_exit`` unwinding through pybind11's ``noexcept`` GIL guard, and the
+    rank aborts. So each call holds the gate's lock, and :meth:`shut` waits for the call under way: after it,
+    this thread never enters torch again (what it still sends goes without the GPU's times, and is counted).
+    """
+
+    def __init__(self, resolver: GpuResolver) -> None:
+        self._resolver = resolver
+        self._lock = threading.Lock()
+        self._open = True
+
+    def shut(self, timeout_s: float) -> bool:
+        """Close the gate once no call is under way (up to ``timeout_s``); True when it is closed."""
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        self._open = False
+        self._lock.release()
+        return True
+
+    def ready(self, events: Sequence[tuple[Any, ...]]) -> bool:
+        with self._lock:
+            return self._open and self._resolver.ready(events)
+
+    def resolve(self, events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
+        """The events on the CPU clock, or None once the gate is shut (the frame cannot be sent)."""
+        with self._lock:
+            return self._resolver.resolve(events) if self._open else None
+
+    def calibrate(self) -> None:
+        with self._lock:
+            if self._open:
+                self._resolver.calibrate()
+
+    def enter_thread(self) -> None:
+        with self._lock:
+            if self._open:
+                self._resolver.enter_thread()
+
+
 class Publisher:
     """Encodes and sends a rank's frames from a background thread, counting what it drops.
 
@@ -144,7 +191,7 @@ class Publisher:
         self.rank = rank
         self._hello = hello
         self._on_error = on_error
-        self._resolver = resolver
+        self._resolver: _Gate | None = _Gate(resolver) if resolver is not None else None
         self._where = where
         self._queue: collections.deque[tuple[str, Any, Any]] = collections.deque()
         self.dropped_queue = 0
@@ -213,12 +260,15 @@ class Publisher:
         self._wake()
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Flush what is queued, say bye, and stop; never waits more than ``timeout_s``."""
+        """Flush what is queued, say bye, and stop; waits ``timeout_s`` at most for that, then (the thread still
+        running) up to :data:`GATE_TIMEOUT_S` for a call into torch under way to end (:class:`_Gate`)."""
         self._stop.set()
         self._woken = False  # whatever another thread was doing, this wake-up must reach the publisher thread
         self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+            if self._thread.is_alive() and self._resolver is not None:
+                self._resolver.shut(GATE_TIMEOUT_S)  # late: out of torch before the interpreter may finalize
 
     @property
     def alive(self) -> bool:
@@ -383,7 +433,12 @@ class Publisher:
                     self._queue.popleft()  # a closing rank does not wait for the GPU
                     self.dropped_send += 1
                     continue
-                events = self._resolver.resolve(events)
+                resolved = self._resolver.resolve(events)
+                if resolved is None:  # closed meanwhile: the GPU's times can no longer be read
+                    self._queue.popleft()
+                    self.dropped_send += 1
+                    continue
+                events = resolved
             events = fill_spans(events)
             self._queue.popleft()
             self.iterations = body + 1
