@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from instrument import wire
+from instrument.teardown import Held, Pending, restash_context, unstash_context
 from instrument.timing import Stamp, Switch
 
 _work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
@@ -46,81 +47,6 @@ _compiling = torch.compiler.is_compiling
 
 _inside = threading.local()
 """``inside.tap`` is True on a thread running the tap's all-reduce: the reducer holds its lock there."""
-
-
-class Pending:
-    """Callbacks dagtop handed to torch futures and torch has not freed yet.
-
-    torch keeps a Python callback given to ``Future.then`` in a guard whose destructor takes the GIL, and frees it
-    on the thread that completes the future: for gloo, a C++ worker thread. Once the interpreter is finalizing,
-    a thread that takes the GIL is ended with ``pthread_exit``, whose unwinding through that ``noexcept``
-    destructor calls ``std::terminate``: the rank aborts ("terminate called without an active exception") after
-    its work is done. That happens when a job exits with a collective in flight or just completed (an exception
-    in backward, ``sys.exit``, a SIGTERM handler). So every callback carries a :class:`_Held` that counts itself
-    out when torch frees it, and :meth:`wait` lets ``close()`` (atexit, before finalization) wait until torch has
-    let go of them all.
-    """
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self.count = 0
-
-    def add(self) -> None:
-        with self._changed:
-            self.count += 1
-
-    def release(self) -> None:
-        with self._changed:
-            self.count -= 1
-            if not self.count:
-                self._changed.notify_all()
-
-    def wait(self, timeout_s: float) -> bool:
-        """Wait until torch has freed every callback, up to ``timeout_s``; True if it has."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self.count == 0, timeout_s)
-
-
-_CONTEXT_KEY = "context"
-"""Where ``torch.autograd.graph._engine_run_backward`` keeps the backward's ``contextvars.Context`` in torch's
-thread-local state, for the autograd engine's device threads (torch 2.13)."""
-_tls = (getattr(torch._C, "_is_key_in_tls", None), getattr(torch._C, "_get_obj_in_tls", None),
-        getattr(torch._C, "_remove_obj_from_tls", None), getattr(torch._C, "_stash_obj_in_tls", None))
-
-
-def _unstash_context() -> Any:
-    """Take the backward's Python context out of torch's thread-local state while a bucket is handed over.
-
-    A gloo work and its future's callbacks copy that state when made, and are freed on a gloo worker thread:
-    freeing a Python object there takes the GIL, and once the interpreter is finalizing that ends the thread
-    with ``pthread_exit`` and the rank in ``std::terminate``. Plain DDP has that abort too, when a job exits
-    with an all-reduce in flight (benchmarks/stress_teardown.py, order ``raise-in-backward``); the collective
-    and dagtop's callback need no Python context, so what dagtop hands over carries none. Returns what was
-    taken (None if nothing, or on a torch without these functions)."""
-    is_in, get, remove, _ = _tls
-    if is_in is None or get is None or remove is None or not is_in(_CONTEXT_KEY):
-        return None
-    context = get(_CONTEXT_KEY)
-    remove(_CONTEXT_KEY)
-    return context
-
-
-def _restash_context(context: Any) -> None:
-    if context is not None and _tls[3] is not None:
-        _tls[3](_CONTEXT_KEY, context)
-
-
-class _Held:
-    """Rides in a callback's defaults: freed with the callback, on whatever thread torch frees it."""
-
-    __slots__ = ("_pending",)
-
-    def __init__(self, pending: Pending) -> None:
-        self._pending = pending
-        pending.add()
-
-    def __del__(self) -> None:
-        self._pending.release()
 
 
 class _Tap(dist.ProcessGroup):
@@ -155,13 +81,13 @@ class _Tap(dist.ProcessGroup):
         bucket stamped done during the optimizer step, milliseconds late (tests/test_e2e_ddp.py caught it).
         """
         _inside.tap = True
-        context = _unstash_context()
+        context = unstash_context()  # not copied into the work: freed on a gloo thread (instrument/teardown.py)
         try:
             done = self._issued(tensors)
             work = self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
             return work if done is None or _work_from_future is None else _work_from_future(work.get_future().then(done))
         finally:
-            _restash_context(context)
+            restash_context(context)
             _inside.tap = False
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
@@ -252,7 +178,7 @@ class BucketTimer:
             raise RuntimeError("torch has no _create_work_from_future")
         self._real = ddp.process_group
         self.pending = Pending()
-        """The bucket callbacks torch still holds (see :class:`Pending`)."""
+        """The bucket callbacks torch still holds: ``close()`` waits for them (instrument/teardown.py)."""
         _keep_out_of_dynamo()
         self._tap: _Tap | None = _Tap(self._real, self._issued)
         ddp.reducer._update_process_group(self._tap)
@@ -299,7 +225,7 @@ class BucketTimer:
         name, size = known[2], known[3][0]
         sink, stamp, open_, fail = self._sink, self._stamp, self._open, self._fail
 
-        def done(future: Any, held: _Held = _Held(self.pending)) -> Any:  # noqa: B008 - one per callback, on purpose
+        def done(future: Any, held: Held = Held(self.pending)) -> Any:  # noqa: B008 - one per callback, on purpose
             open_.pop(index, None)
             try:
                 sink(("allreduce", "allreduce", name, "comm", ready, stamp(), size))

@@ -19,6 +19,7 @@ from zmq.utils.monitor import recv_monitor_message
 from instrument import wire
 from instrument.keys import AUTH_ENV, curve_keys
 from instrument.spans import fill_spans
+from instrument.teardown import GATE_TIMEOUT_S, Gate
 
 QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
@@ -119,53 +120,6 @@ class GpuResolver(Protocol):
     def enter_thread(self) -> None: ...
 
 
-GATE_TIMEOUT_S: Final = 10.0
-"""How long ``close()`` waits, past its own timeout, for a call into torch under way on the publisher thread (an
-event query or an idle stream's synchronize: micro- to milliseconds; seconds on a loaded machine)."""
-
-
-class _Gate:
-    """The publisher thread's way into torch (a :class:`GpuResolver`'s CUDA events), shut for good by ``close()``.
-
-    The thread is a daemon: if it is still running when the interpreter finalizes, a torch call that released the
-    GIL ends, on taking it back, in ``pthread_exit`` unwinding through pybind11's ``noexcept`` GIL guard, and the
-    rank aborts. So each call holds the gate's lock, and :meth:`shut` waits for the call under way: after it,
-    this thread never enters torch again (what it still sends goes without the GPU's times, and is counted).
-    """
-
-    def __init__(self, resolver: GpuResolver) -> None:
-        self._resolver = resolver
-        self._lock = threading.Lock()
-        self._open = True
-
-    def shut(self, timeout_s: float) -> bool:
-        """Close the gate once no call is under way (up to ``timeout_s``); True when it is closed."""
-        if not self._lock.acquire(timeout=timeout_s):
-            return False
-        self._open = False
-        self._lock.release()
-        return True
-
-    def ready(self, events: Sequence[tuple[Any, ...]]) -> bool:
-        with self._lock:
-            return self._open and self._resolver.ready(events)
-
-    def resolve(self, events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
-        """The events on the CPU clock, or None once the gate is shut (the frame cannot be sent)."""
-        with self._lock:
-            return self._resolver.resolve(events) if self._open else None
-
-    def calibrate(self) -> None:
-        with self._lock:
-            if self._open:
-                self._resolver.calibrate()
-
-    def enter_thread(self) -> None:
-        with self._lock:
-            if self._open:
-                self._resolver.enter_thread()
-
-
 class Publisher:
     """Encodes and sends a rank's frames from a background thread, counting what it drops.
 
@@ -191,7 +145,7 @@ class Publisher:
         self.rank = rank
         self._hello = hello
         self._on_error = on_error
-        self._resolver: _Gate | None = _Gate(resolver) if resolver is not None else None
+        self._resolver: Gate | None = Gate(resolver) if resolver is not None else None
         self._where = where
         self._queue: collections.deque[tuple[str, Any, Any]] = collections.deque()
         self.dropped_queue = 0
@@ -261,7 +215,8 @@ class Publisher:
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Flush what is queued, say bye, and stop; waits ``timeout_s`` at most for that, then (the thread still
-        running) up to :data:`GATE_TIMEOUT_S` for a call into torch under way to end (:class:`_Gate`)."""
+        running) up to :data:`~instrument.teardown.GATE_TIMEOUT_S` for a call into torch under way to end
+        (:class:`~instrument.teardown.Gate`)."""
         self._stop.set()
         self._woken = False  # whatever another thread was doing, this wake-up must reach the publisher thread
         self._wake()

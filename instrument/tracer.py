@@ -23,7 +23,7 @@ from instrument.wire import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT  # noqa: PLC041
 CLOSE_TIMEOUT_S: Final = 2.0
 SETTLE_TIMEOUT_S: Final = 10.0
 """How long ``close()`` lets the all-reduces still in flight end (a job leaving mid-backward): until torch has
-freed dagtop's callbacks, ending the interpreter would abort the rank (instrument/comm.py, ``Pending``)."""
+freed dagtop's callbacks, ending the interpreter would abort the rank (instrument/teardown.py)."""
 
 _live_tracers: weakref.WeakSet[Tracer] = weakref.WeakSet()
 

@@ -22,8 +22,8 @@ from conftest import WAIT_S
 from ranks import JOBS, run_job
 
 from instrument import wire
-from instrument.comm import Pending, _Held
-from instrument.publisher import Publisher, _Gate
+from instrument.publisher import Publisher
+from instrument.teardown import Gate, Held, Pending
 
 sys.path.insert(0, str(JOBS))
 from teardown import EXPECTED, ORDERS
@@ -41,7 +41,7 @@ def test_pending_counts_callbacks_until_they_are_freed_on_another_thread() -> No
     pending = Pending()
     callbacks: list[Any] = []
     for _ in range(3):
-        def done(future: Any, held: _Held = _Held(pending)) -> Any:  # noqa: B008 - as instrument/comm.py does
+        def done(future: Any, held: Held = Held(pending)) -> Any:  # noqa: B008 - as instrument/comm.py does it
             return future
         callbacks.append(done)
     del done
@@ -81,7 +81,7 @@ class _BlockingResolver:
 
 def test_a_shut_gate_waits_for_the_call_under_way_and_lets_none_in_after() -> None:
     resolver = _BlockingResolver()
-    gate = _Gate(resolver)
+    gate = Gate(resolver)
     caller = threading.Thread(target=gate.ready, args=([],))
     caller.start()
     assert resolver.entered.wait(WAIT_S)
