@@ -23,8 +23,8 @@ from dagtop.cli import main
     # Issue #30: what is wrong, not what the OS made of it ("No such device"), nor an empty range.
     (["--bind", "tcp://999.1.1.1:5555"], "999.1.1.1 is not an IPv4 address"),
     (["record", "--bind", "tcp://10.0.0.256:5555", "-o", "x.dagtop"], "10.0.0.256 is not an IPv4 address"),
-    (["report", "run.dagtop", "--iterations", "5:2"], "5:2 is reversed: A:B is iterations A to B-1, A below B "
-                                                      "(did you mean 2:5?)"),
+    (["report", "run.dagtop", "--iterations", "5:2"], ("5:2 is reversed: A:B is iterations A to B-1, A below B "
+                                                      "(did you mean 2:5?)")),
     (["report", "run.dagtop", "--iterations", "5:5"], "5:5 is empty"),
 ])
 def test_a_bad_argument_is_refused_in_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture[str],

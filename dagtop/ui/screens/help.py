@@ -28,8 +28,7 @@ KEYS = key_rows(SCREEN_KEYS)
 """Every key the main screen answers, as the help lists it."""
 
 PANELS = (
-    ("status", "source, ranks connected / expected, iteration shown, iterations/s, lag (once the job ended: when), "
-               "frames lost"),
+    ("status", "source, ranks connected / expected, iteration shown, iterations/s, lag, frames lost"),
     ("verdict", "steady bottleneck and late rank over 20 iterations, then the iteration shown"),
     ("timeline", "a Gantt chart of the iteration: a row per rank and lane, collectives, critical path"),
     ("ranks", "ms per category per rank; Δ busy: its work minus the others' median; ◀ straggler"),
