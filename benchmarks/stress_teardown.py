@@ -40,6 +40,8 @@ from dagtop.demo.launch import free_port
 ABORTS = (-signal.SIGABRT, -signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL, 128 + signal.SIGABRT,
           128 + signal.SIGSEGV)
 """Exit statuses of a rank that crashed (negative: killed by the signal; 134/139: a shell's way of saying so)."""
+CRASH_SAID = ("terminate called", "Fatal Python error", "Signal 6 (SIGABRT)", "Signal 11 (SIGSEGV)")
+"""What a crashed rank, or torchrun about one, writes: under torchrun the agent's own status is only 0 or 1."""
 
 
 def drain(endpoint: str, stop: threading.Event) -> None:
@@ -56,8 +58,9 @@ def drain(endpoint: str, stop: threading.Event) -> None:
 
 
 def run(order: str, monitor: str | None, launcher: str, timeout: float, log: Path,
-        plain: bool = False) -> tuple[list[int], bool]:
-    """One job; its ranks' exit statuses (the agent's for torchrun) and whether every rank said it was done."""
+        plain: bool = False) -> tuple[list[int], bool, bool]:
+    """One job; its ranks' exit statuses (the agent's for torchrun), whether every rank said it was done, and
+    whether its output tells of a crash."""
     out = Path(tempfile.mkdtemp(prefix="dagtop-teardown-"))
     env = {**os.environ, "JOB_OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     env.pop("DAGTOP_DISABLE", None)
@@ -65,9 +68,8 @@ def run(order: str, monitor: str | None, launcher: str, timeout: float, log: Pat
         env["DAGTOP_DISABLE"] = "1"
     env["DAGTOP_ENDPOINT"] = monitor or f"tcp://127.0.0.1:{free_port()}"
     port = str(free_port())
-    with open(log, "ab") as sink:
-        sink.write(f"\n===== {order} monitor={bool(monitor)} {time.strftime('%H:%M:%S')}\n".encode())
-        sink.flush()
+    own = out / "job.log"
+    with open(own, "wb") as sink:
         if launcher == "torchrun":
             cmds = [([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
                       str(JOB), "--order", order], env)]
@@ -87,13 +89,22 @@ def run(order: str, monitor: str | None, launcher: str, timeout: float, log: Pat
                 p.wait()
                 codes.append(-signal.SIGKILL)
     done = len(list(out.glob("done-*"))) == 2
-    for path in out.glob("done-*"):
+    said = own.read_bytes()
+    crashed = any(words.encode() in said for words in CRASH_SAID)
+    with open(log, "ab") as sink:
+        sink.write(f"\n===== {order} monitor={bool(monitor)} {time.strftime('%H:%M:%S')}\n".encode() + said)
+    for path in [*out.glob("done-*"), own]:
         path.unlink()
     if not any(out.iterdir()):
         out.rmdir()
     else:  # a core dump, where core files are on (ulimit -c)
         print(f"  kept {out}: {sorted(p.name for p in out.iterdir())}", flush=True)
-    return codes, done
+    return codes, done, crashed
+
+
+def killed_early(launcher: str, order: str) -> bool:
+    """torchrun SIGTERMs the other ranks as soon as one fails: in ``raise-one`` they may not get to say done."""
+    return launcher == "torchrun" and order == "raise-one"
 
 
 def hog(stop: threading.Event) -> None:
@@ -132,13 +143,13 @@ def main() -> None:
     started = time.monotonic()
     try:
         for n, order in zip(range(args.jobs), itertools.cycle(args.orders)):
-            codes, done = run(order, monitor if n % 2 == 0 else None, args.launcher, args.timeout, log,
-                              args.plain)
+            codes, done, crashed = run(order, monitor if n % 2 == 0 else None, args.launcher, args.timeout, log,
+                                       args.plain)
             seen[order][tuple(codes)] += 1
-            if any(code in ABORTS or code == -signal.SIGKILL for code in codes):
+            if crashed or any(code in ABORTS or code == -signal.SIGKILL for code in codes):
                 aborts[order] += 1
                 print(f"  job {n} ({order}): ranks ended {codes} — abort (see {log})", flush=True)
-            elif not done or not all(code in expected[order] for code in codes):
+            elif (not done and not killed_early(args.launcher, order)) or not all(c in expected[order] for c in codes):
                 unexpected[order] += 1
                 print(f"  job {n} ({order}): ranks ended {codes}, done: {done} — unexpected", flush=True)
     finally:
