@@ -47,6 +47,10 @@ LAG_INTERVAL_S = 0.5
 """How often the status line's lag is brought up to date between redraws: it shows the monitor is alive."""
 
 
+COMPACT_FOOTER_BELOW = 100
+"""Narrower than this the footer drops the padding between its keys, so that every key (and "? Help") fits 80."""
+
+
 class Job(Protocol):
     """What the screen needs of a job it started (the demo's :class:`~dagtop.demo.launch.DemoJob`)."""
 
@@ -111,7 +115,10 @@ class DagtopApp(App[int]):
         with Horizontal(id="bottom"):
             yield History(id="history")
             yield Telemetry(id="telemetry", live=self.live)
-        yield Footer()
+        yield Footer(compact=self.size.width < COMPACT_FOOTER_BELOW)
+
+    def on_resize(self) -> None:
+        self.query_one(Footer).compact = self.size.width < COMPACT_FOOTER_BELOW
 
     def on_mount(self) -> None:
         titles = {"ranks": "ranks", "history": "history · iteration time by critical-path category",
