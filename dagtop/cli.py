@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -21,6 +23,8 @@ DEFAULT_NICE = 10
 """The monitor runs beside training: it lowers its own CPU priority by this much unless told otherwise."""
 NICED_COMMANDS = (None, "record", "replay")
 """Commands that lower their priority: not ``demo``, whose ranks (its children) would inherit it."""
+_DOTTED_QUAD = re.compile(r"\d+\.\d+\.\d+\.\d+")
+"""A host written as an IPv4 address, valid or not."""
 
 
 def _iteration_range(text: str) -> tuple[int | None, int | None]:
@@ -28,9 +32,16 @@ def _iteration_range(text: str) -> tuple[int | None, int | None]:
     if not sep:
         raise argparse.ArgumentTypeError("expected A:B, A: or :B")
     try:
-        return (int(start) if start else None, int(stop) if stop else None)
+        lo, hi = (int(start) if start else None, int(stop) if stop else None)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an iteration range: {text!r}") from None
+    if lo is not None and hi is not None and lo >= hi:
+        if lo == hi:
+            raise argparse.ArgumentTypeError(f"{text} is empty: A:B is iterations A to B-1 ({lo}:{lo + 1} for "
+                                             f"iteration {lo} alone)")
+        raise argparse.ArgumentTypeError(f"{text} is reversed: A:B is iterations A to B-1, A below B "
+                                         f"(did you mean {hi}:{lo}?)")
+    return lo, hi
 
 
 def _endpoint(text: str) -> str:
@@ -42,6 +53,12 @@ def _endpoint(text: str) -> str:
         host, colon, port = rest.rpartition(":")
         if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise argparse.ArgumentTypeError(f"not an endpoint: {text!r} (expected tcp://HOST:PORT, PORT from 1 to 65535)")
+        if _DOTTED_QUAD.fullmatch(host):  # ZeroMQ would take it for an interface's name: "No such device"
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"not an endpoint: {text!r} ({host} is not an IPv4 address: "
+                                                 f"each of its four numbers is 0 to 255)") from None
     return text
 
 

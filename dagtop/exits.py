@@ -17,17 +17,17 @@ class Exit(IntEnum):
     0    OK                  everything asked for was done
     1    SHORT               fewer complete iterations than asked for: the ranks finished, or the demo's
                              recording stopped, before them (record, demo --record)
-    1    RECORD_CANNOT_BIND  record could not bind its endpoint or its --metrics-port (the live screen and the
-                             demo say 2)
     2    USAGE               a bad command line (argparse's own status), or options that do not go together
-    2    CANNOT_BIND         the endpoint cannot be bound: in use, or not an address of this machine
+    2    CANNOT_BIND         the endpoint or the --metrics-port cannot be bound: in use, or not an address of this
+                             machine (record said 1 before issue #30)
     2    BAD_INPUT           the file is missing or not a recording, or holds no iteration (in the range asked);
                              for import, a trace that is missing, cut short or has no ProfilerStep
     2    TIMEOUT             record received nothing (more) for --timeout seconds
     3    ORPHANED            a demo rank (not dagtop itself) whose dagtop died did not stop at an iteration
                              boundary in time
-    4    DISK                record could not write its file (disk full, file too large, I/O error): it stopped;
-                             the frames written before stay readable
+    4    DISK                the output cannot be written (disk full, file too large, I/O error, a folder that
+                             takes no files): record stops, the frames written before staying readable; import
+                             and export leave nothing of it
     5    NO_CURVE            --auth or keygen where libzmq was built without CURVE
     130  INTERRUPTED         record stopped by Ctrl-C (128 + SIGINT); what was recorded is kept
     141  BROKEN_PIPE         the reader of the output went away (128 + SIGPIPE), e.g. dagtop report | head
@@ -35,7 +35,6 @@ class Exit(IntEnum):
 
     OK = 0
     SHORT = 1
-    RECORD_CANNOT_BIND = 1
     USAGE = 2
     CANNOT_BIND = 2
     BAD_INPUT = 2

@@ -15,6 +15,7 @@ from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
 from dagtop.model.admission import Admission, Losses
 from dagtop.model.completion import missing
+from dagtop.output import why
 from dagtop.recording import RawFrame, RecordingWriter
 from dagtop.sources import BindError, FrameSource, ZmqSource
 from instrument import wire
@@ -264,7 +265,7 @@ def run_record(args: argparse.Namespace) -> int:
         return exc.code
     except BindError as exc:
         print(f"dagtop record: {exc}", file=sys.stderr)
-        return Exit.RECORD_CANNOT_BIND
+        return Exit.CANNOT_BIND
     if getattr(args, "metrics_port", None) is not None:  # analysed on the side, for Prometheus only
         from dagtop.advise import terms_of
         from dagtop.interop.metrics import MeteredSource, MetricsError
@@ -274,7 +275,7 @@ def run_record(args: argparse.Namespace) -> int:
         except MetricsError as exc:
             source.close()
             print(f"dagtop record: {exc}", file=sys.stderr)
-            return Exit.RECORD_CANNOT_BIND
+            return Exit.CANNOT_BIND
     if hasattr(signal, "SIGXFSZ"):  # past `ulimit -f`, a write fails with EFBIG (handled) instead of a core dump
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     line = ProgressLine()
@@ -282,8 +283,7 @@ def run_record(args: argparse.Namespace) -> int:
         writer = RecordingWriter(args.output)
     except OSError as exc:
         source.close()
-        print(f"dagtop record: cannot write {args.output}: {os.strerror(exc.errno or 0) if exc.errno else exc}",
-              file=sys.stderr)
+        print(f"dagtop record: cannot write {args.output}: {why(exc, args.output)}", file=sys.stderr)
         return Exit.DISK
     with writer:
         try:
@@ -299,7 +299,11 @@ def _exit_status(result: RecordResult, args: argparse.Namespace, frames: int) ->
         print(f"dagtop record: {result.disk_error}", file=sys.stderr)
         return Exit.DISK
     if result.stopped_because == "timeout":
-        if result.frames == 0:
+        if result.frames == 0 and result.refused:  # the job runs: its ranks hold no key, or another one
+            print(f"dagtop record: nothing received on {args.bind} for {args.timeout:g} s: --auth refused every rank "
+                  f"that connected ({result.refused} connections); give the ranks DAGTOP_AUTH=DIR with the rank key "
+                  f"of {args.auth} (`dagtop keygen`)", file=sys.stderr)
+        elif result.frames == 0:
             print(f"dagtop record: nothing received on {args.bind} for {args.timeout:g} s; is the job running with "
                   f"DAGTOP_ENDPOINT={args.bind}? ({frames} frames kept in {args.output})", file=sys.stderr)
         else:  # it was: it ended without its byes (frames a rank had not sent went with it), or the way is down

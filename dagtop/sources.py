@@ -6,6 +6,7 @@ The recorder, the report, the live screen and replay all run the same pipeline o
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from abc import ABC, abstractmethod
@@ -90,6 +91,8 @@ class ZmqSource(FrameSource):
         except zmq.ZMQError as exc:
             self.close()
             why = str(exc) if exc.errno is None else zmq.strerror(exc.errno)  # pyzmq's own text repeats the address
+            if exc.errno == errno.ENODEV:  # ZeroMQ took the host for a network interface's name and found none
+                why = "no address or network interface of this machine has that name"
             hint = " (is another dagtop running? try --bind)" if exc.errno == zmq.EADDRINUSE else ""
             raise BindError(f"cannot bind {endpoint}: {why}{hint}") from exc
         self.endpoint = endpoint

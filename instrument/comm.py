@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from instrument import wire
+from instrument.teardown import Held, Pending, restash_context, unstash_context
 from instrument.timing import Stamp, Switch
 
 _work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
@@ -80,11 +81,13 @@ class _Tap(dist.ProcessGroup):
         bucket stamped done during the optimizer step, milliseconds late (tests/test_e2e_ddp.py caught it).
         """
         _inside.tap = True
+        context = unstash_context()  # not copied into the work: freed on a gloo thread (instrument/teardown.py)
         try:
             done = self._issued(tensors)
             work = self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
             return work if done is None or _work_from_future is None else _work_from_future(work.get_future().then(done))
         finally:
+            restash_context(context)
             _inside.tap = False
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
@@ -174,15 +177,21 @@ class BucketTimer:
         if _work_from_future is None:
             raise RuntimeError("torch has no _create_work_from_future")
         self._real = ddp.process_group
+        self.pending = Pending()
+        """The bucket callbacks torch still holds: ``close()`` waits for them (instrument/teardown.py)."""
         _keep_out_of_dynamo()
         self._tap: _Tap | None = _Tap(self._real, self._issued)
         ddp.reducer._update_process_group(self._tap)
 
-    def remove(self) -> None:
-        """Give the reducer its own process group back (not from inside a collective: the reducer's lock)."""
+    def remove(self, timeout_s: float = 0.0) -> bool:
+        """Give the reducer its own process group back (not from inside a collective: the reducer's lock), then
+        wait up to ``timeout_s`` for torch to free the callbacks of the buckets handed over before (their
+        collectives may still be in flight). True when none is left: nothing of dagtop's can then run on a
+        collective's thread, at interpreter exit or when the process group is destroyed."""
         if self._tap is not None and not getattr(_inside, "tap", False):
             self._ddp.reducer._update_process_group(self._real)
             self._tap = None
+        return self.pending.wait(timeout_s)
 
     def new_pass(self) -> None:
         """A forward that will all-reduce in its backward: the reducer starts again at bucket 0."""
@@ -216,7 +225,7 @@ class BucketTimer:
         name, size = known[2], known[3][0]
         sink, stamp, open_, fail = self._sink, self._stamp, self._open, self._fail
 
-        def done(future: Any) -> Any:
+        def done(future: Any, held: Held = Held(self.pending)) -> Any:  # noqa: B008 - one per callback, on purpose
             open_.pop(index, None)
             try:
                 sink(("allreduce", "allreduce", name, "comm", ready, stamp(), size))

@@ -19,16 +19,18 @@ from zmq.utils.monitor import recv_monitor_message
 from instrument import wire
 from instrument.keys import AUTH_ENV, curve_keys
 from instrument.spans import fill_spans
+from instrument.teardown import GATE_TIMEOUT_S, Gate
 
 QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
 
 SNDHWM: Final = 1000
 SNDBUF_BYTES: Final = 16 * 1024
-"""The kernel's send buffer for a rank's connection (Linux doubles it: ~50 iteration frames of a small model). A
-connection cut after :data:`UNACKED_TIMEOUT_MS` loses what its kernel buffer held, and left to itself that buffer
-grows to megabytes when the link is slow or the monitor stopped; kept small, the frames wait in ZeroMQ's queue
-(:data:`SNDHWM`) instead, which outlives the connection. One rank's frames need far less than it carries."""
+"""The kernel's send buffer for a rank's connection (Linux doubles it: ~50 iteration frames of a small model). Left
+to itself that buffer grows to megabytes while the monitor is stopped or the link slow, and every frame in it must
+go before a fresh one: a monitor stopped 30 s saw rank 0's fresh frames 15.6 s after it resumed (0.1 s with this
+buffer; benchmarks/faults.py). The frames wait in ZeroMQ's queue (:data:`SNDHWM`) instead. One rank's frames need
+far less than it carries."""
 GPU_POLL_S: Final = 0.02
 """While an iteration's CUDA events have not run yet, how often the publisher thread looks again. Otherwise it
 sleeps until something is enqueued, a monitor subscribes, or a hello or calibration is due."""
@@ -55,16 +57,6 @@ an outage sees every rank again within a few seconds."""
 CONNECT_TIMEOUT_MS: Final = 1000
 """A connection attempt that has not been answered in this long is given up and tried again (a port whose packets
 are dropped would otherwise wait on TCP's own SYN back-off: 1, 2, 4, … s)."""
-UNACKED_TIMEOUT_MS: Final = 10_000
-"""Frames the monitor's host has not acknowledged for this long end the connection (``TCP_USER_TIMEOUT``), and
-ZeroMQ connects again. Without it, a connection whose packets were dropped for a while (a port blocked, a link
-down) waits on TCP's retransmission back-off, which doubles up to minutes, before frames flow again (23.5 s after
-a 30 s block; with it, 2.2 s). A slow link acknowledges as it goes, and a lossy one retransmits within it (TCP
-retries at 0.2, 0.6, 1.4, 3, 6.2, 12.6 s: the cut comes at 12.6 s, after six losses of one packet in a row). The
-cost: a monitor that reads nothing for longer (stopped, Ctrl-Z) loses the frames its host and the rank's held for
-it when the connection is cut, which the monitor counts; the frames queued at the rank (up to :data:`SNDHWM`) are
-kept. 20 s kept those too, but a monitor stopped for 30 s then saw fresh frames only 7.6 s after it resumed."""
-
 _REFUSED: Final = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 """Socket events that say the monitor refused this rank's handshake."""
@@ -72,14 +64,19 @@ _REFUSED: Final = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_P
 
 def reconnect_quickly(sock: zmq.Socket[bytes]) -> None:
     """Make a connecting socket come back within a few seconds of an outage of the monitor or of the way to it
-    (:data:`RECONNECT_IVL_MAX_MS`, :data:`CONNECT_TIMEOUT_MS`, :data:`UNACKED_TIMEOUT_MS`). Frames queued meanwhile
-    stay queued (up to the high-water mark); those the dropped connection had in flight are lost, and counted by the
-    monitor from the gap in sequence numbers."""
+    (:data:`RECONNECT_IVL_MAX_MS`, :data:`CONNECT_TIMEOUT_MS`). Frames queued meanwhile stay queued (up to the
+    high-water mark); a connection TCP itself gives up on loses what it had in flight, counted by the monitor from
+    the gap in sequence numbers.
+
+    No ``TCP_MAXRT`` (``TCP_USER_TIMEOUT``): cutting a connection whose data waits unacknowledged would bring the
+    ranks back within 2 s of a port that dropped every packet for 30 s (without it, TCP's retransmission back-off:
+    24-26 s, frames past the high-water mark dropped and counted), but late is not lost: on this project's 2-core
+    VM (benchmarks/faults.py, one run each) a 10 s cut lost 93-349 iteration frames on a link dropping 20 % of
+    packets, and 87-531 with the monitor stopped 30 s (a stopped reader's zero window counts as unacknowledged),
+    where without it both lost none."""
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
-    if hasattr(zmq, "TCP_MAXRT"):  # TCP_USER_TIMEOUT: Linux (and libzmq 4.3+)
-        sock.setsockopt(zmq.TCP_MAXRT, UNACKED_TIMEOUT_MS)
 
 
 BACKGROUND_NICE: int | None = 19
@@ -144,7 +141,7 @@ class Publisher:
         self.rank = rank
         self._hello = hello
         self._on_error = on_error
-        self._resolver = resolver
+        self._resolver: Gate | None = Gate(resolver) if resolver is not None else None
         self._where = where
         self._queue: collections.deque[tuple[str, Any, Any]] = collections.deque()
         self.dropped_queue = 0
@@ -213,12 +210,16 @@ class Publisher:
         self._wake()
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Flush what is queued, say bye, and stop; never waits more than ``timeout_s``."""
+        """Flush what is queued, say bye, and stop; waits ``timeout_s`` at most for that, then (the thread still
+        running) up to :data:`~instrument.teardown.GATE_TIMEOUT_S` for a call into torch under way to end
+        (:class:`~instrument.teardown.Gate`)."""
         self._stop.set()
         self._woken = False  # whatever another thread was doing, this wake-up must reach the publisher thread
         self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+            if self._thread.is_alive() and self._resolver is not None:
+                self._resolver.shut(GATE_TIMEOUT_S)  # late: out of torch before the interpreter may finalize
 
     @property
     def alive(self) -> bool:
@@ -383,7 +384,12 @@ class Publisher:
                     self._queue.popleft()  # a closing rank does not wait for the GPU
                     self.dropped_send += 1
                     continue
-                events = self._resolver.resolve(events)
+                resolved = self._resolver.resolve(events)
+                if resolved is None:  # closed meanwhile: the GPU's times can no longer be read
+                    self._queue.popleft()
+                    self.dropped_send += 1
+                    continue
+                events = resolved
             events = fill_spans(events)
             self._queue.popleft()
             self.iterations = body + 1

@@ -21,6 +21,9 @@ from instrument.identity import job_identity
 from instrument.wire import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT  # noqa: PLC0414 - re-exported: it lived here
 
 CLOSE_TIMEOUT_S: Final = 2.0
+SETTLE_TIMEOUT_S: Final = 10.0
+"""How long ``close()`` lets the all-reduces still in flight end (a job leaving mid-backward): until torch has
+freed dagtop's callbacks, ending the interpreter would abort the rank (instrument/teardown.py)."""
 
 _live_tracers: weakref.WeakSet[Tracer] = weakref.WeakSet()
 
@@ -361,7 +364,8 @@ class Tracer:
             self._main_task((category, phase, name[: wire.MAX_NAME_CHARS], lane, start_ns, end_ns, nbytes))
 
     def close(self) -> None:
-        """Stop timing, flush, say bye. Idempotent, registered with atexit, never hangs."""
+        """Stop timing, flush, say bye. Idempotent, registered with atexit, never hangs: it waits at most
+        :data:`CLOSE_TIMEOUT_S` for the publisher and :data:`SETTLE_TIMEOUT_S` for collectives in flight."""
         if self._closed:
             return
         self._closed = True
@@ -379,6 +383,8 @@ class Tracer:
             self._telemetry.close()
         if not self._forked:
             self._publisher.close(CLOSE_TIMEOUT_S)
+        if self._comm is not None:  # collectives still in flight: let torch free their callbacks while it can
+            self._comm.pending.wait(SETTLE_TIMEOUT_S)
 
     # ------------------------------------------------------------------ internals
 

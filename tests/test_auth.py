@@ -137,3 +137,28 @@ def test_auth_given_before_or_after_record_is_kept(tmp_path: Path, endpoint: str
     auth, rest = ["--auth", str(tmp_path)], ["--bind", endpoint, "-o", str(tmp_path / "r.dagtop")]
     status = main([*auth, "record", *rest] if before_record else ["record", *rest, *auth])
     assert status == Exit.BAD_INPUT and "no monitor.key_secret" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_record_says_when_auth_refused_every_rank(tmp_path: Path, endpoint: str) -> None:
+    """The job runs, but no rank holds the key: the recorder must not ask whether the job is running."""
+    keys, stop = tmp_path / "keys", tmp_path / "stop"
+    assert main(["keygen", str(keys)]) == 0
+    recorder = subprocess.Popen(
+        [sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o", str(tmp_path / "r.dagtop"),
+         "--auth", str(keys), "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "rank.log"
+    rank = _rank(0, 1, endpoint, stop, log, None)
+    try:
+        _wait_for(log, "refused rank 0")
+        _, err = recorder.communicate(timeout=WAIT_S * 3)
+    finally:
+        stop.touch()
+        for p in (recorder, rank):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert recorder.returncode == Exit.TIMEOUT, err
+    last = err.strip().splitlines()[-1]
+    assert "--auth refused every rank that connected" in last and f"rank key of {keys}" in last, err
+    assert "is the job running" not in err and "Traceback" not in err

@@ -127,3 +127,38 @@ def test_a_torch_without_the_work_constructor_trains_with_its_buckets_untimed(
         assert tracer.enabled  # the rest of the shim still runs
     finally:
         tracer.close()
+
+
+def test_a_bucket_is_handed_over_without_the_backwards_python_context_and_it_is_put_back(one_rank: None) -> None:
+    """torch keeps the backward's contextvars.Context in its thread-local state; a gloo work copies that state and
+    is freed on a gloo thread, which then needs the GIL: at interpreter exit, an abort (issue #30). The tap hands
+    buckets over without it, and the backward gets it back."""
+    ddp = DDP(_model(), bucket_cap_mb=0.2)
+    events: list[tuple[Any, ...]] = []
+    timer = _timer(ddp, events)
+    seen: list[tuple[bool, bool]] = []
+    inner = timer._real
+
+    class Watching:  # the real process group, noting whether the context is there as each bucket is handed over
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        def allreduce(self, *args: Any) -> Any:
+            seen.append((torch._C._is_key_in_tls("context"), before[0]))
+            return inner.allreduce(*args)
+
+    before = [False]
+    assert timer._tap is not None
+    timer._tap.inner = Watching()  # type: ignore[assignment]
+
+    def note(grad: torch.Tensor) -> None:  # a hook in backward, before the buckets: the context is there
+        before[0] = torch._C._is_key_in_tls("context")
+
+    ddp.module[-1].weight.register_hook(note)
+    after: list[bool] = []
+    ddp.module[0].weight.register_hook(lambda grad: after.append(torch._C._is_key_in_tls("context")))
+    _train(ddp, timer, 2)
+    assert seen and all(ours is False and theirs is True for ours, theirs in seen)
+    assert after and all(after)  # put back for the rest of the backward
+    assert not torch._C._is_key_in_tls("context")  # and torch took it away at the end, as it does
+    timer.remove()

@@ -25,7 +25,7 @@ def test_the_table_names_every_status_with_its_number() -> None:
 
 def test_the_numbers_scripts_rely_on() -> None:
     assert (Exit.OK, Exit.SHORT, Exit.USAGE, Exit.ORPHANED, Exit.INTERRUPTED, Exit.BROKEN_PIPE) == (0, 1, 2, 3, 130, 141)
-    assert Exit.TIMEOUT == Exit.CANNOT_BIND == Exit.BAD_INPUT == 2 and Exit.RECORD_CANNOT_BIND == 1
+    assert Exit.TIMEOUT == Exit.CANNOT_BIND == Exit.BAD_INPUT == 2
 
 
 def test_help_ends_with_every_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,7 +48,7 @@ def taken() -> Any:
 
 @pytest.mark.parametrize(("argv", "status", "prefix"), [
     (["--bind", "{endpoint}"], Exit.CANNOT_BIND, "dagtop: "),
-    (["record", "--bind", "{endpoint}", "-o", "{output}", "--timeout", "1"], Exit.RECORD_CANNOT_BIND, "dagtop record: "),
+    (["record", "--bind", "{endpoint}", "-o", "{output}", "--timeout", "1"], Exit.CANNOT_BIND, "dagtop record: "),
     (["demo", "--bind", "{endpoint}", "--record", "{output}", "--iterations", "1"], Exit.CANNOT_BIND, "dagtop demo: "),
 ], ids=["live", "record", "demo"])
 def test_an_endpoint_in_use_is_refused_in_one_line(argv: list[str], status: int, prefix: str, taken: str,

@@ -37,7 +37,10 @@ OUTAGE_S = 30.0
 STEPS, STEP_MS, IDLE_S = 400, 30, 60
 """The lossy link's job: frames faster than the link carries them for a while (some come many seconds late), then
 time for them to arrive."""
-BACK_WITHIN_S = 5.0
+BACK_WITHIN_S = {"monitor stopped": 5.0, "port blocked": 45.0}
+"""A stopped monitor's ranks are back at once. A port that dropped every packet waits on TCP's retransmission
+back-off (the retry after the 30 s comes ~51 s after the first loss), as the ranks set no TCP_MAXRT: cutting the
+connection instead would lose the frames it held, on lossy links too (instrument/publisher.py)."""
 S = 1_000_000_000
 
 
@@ -189,7 +192,7 @@ def test_an_outage_of_the_monitor_is_no_stall_and_the_ranks_are_back_within_seco
     a, b = host_pair or (None, None)
     port = free_port()
     endpoint = f"tcp://{b.address if b else '127.0.0.1'}:{port}"
-    steps = int((OUTAGE_S + 40) / 0.04)
+    steps = int((OUTAGE_S + 40 + BACK_WITHIN_S[outage]) / 0.04)  # still training when the ranks are back
     with Job(tmp_path, endpoint, steps=steps, host=a, monitor_host=b) as job:
         job.wait_steps(150)
         if b is None:
@@ -205,13 +208,14 @@ def test_an_outage_of_the_monitor_is_no_stall_and_the_ranks_are_back_within_seco
         resumed = time.perf_counter_ns()
         job.finish()
     frames = _frames(job.recording)
-    # Back within seconds: from each rank, a frame it sent after the outage ended (its own clock, the machine's
-    # CLOCK_MONOTONIC, as this test's) arrived within BACK_WITHIN_S of it.
+    # Back: from each rank, a frame it sent after the outage ended (its own clock, the machine's CLOCK_MONOTONIC,
+    # as this test's) arrived within BACK_WITHIN_S of it.
     for rank in (0, 1):
         fresh = [raw.received_ns for raw, f in frames if f.rank == rank and (
             isinstance(f, wire.Heartbeat) and f.mono_ns >= resumed
             or isinstance(f, wire.IterationBatch) and f.events and min(f.events.start_ns) >= resumed)]
-        assert fresh and (fresh[0] - resumed) / S <= BACK_WITHIN_S, (rank, (fresh[0] - resumed) / S if fresh else None)
+        back_s = (fresh[0] - resumed) / S if fresh else None
+        assert back_s is not None and back_s <= BACK_WITHIN_S[outage], (rank, back_s)
     # Nothing heard while it lasted (or everything at once after), and no stall: the job never stopped.
     s = job.report()
     assert s["stalls"] == [] and s["rejected"] == 0, s["stalls"]

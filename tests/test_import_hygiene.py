@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from conftest import Collector
+from ranks import run_job
+
+from instrument import wire
 
 
 def _modules_after(statement: str) -> set[str]:
@@ -98,3 +104,39 @@ def test_the_package_still_offers_attach_and_the_tracers() -> None:
          "    print(exc)\n")],
         check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "module 'instrument' has no attribute 'Nothing'"
+
+
+_BLOCKER = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+class _Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked: not in the training environment)")
+        return None
+sys.meta_path.insert(0, _Absent())
+"""
+"""A sitecustomize that makes the monitor's libraries absent, as in a training image with only torch, pyzmq and
+msgpack (and numpy, which torch may bring)."""
+
+
+@pytest.mark.slow
+def test_a_training_environment_without_the_monitors_libraries_runs_the_shim(tmp_path: Path, endpoint: str) -> None:
+    """README's install note: the shim needs only pyzmq and msgpack beside torch. A real 2-rank job, its ranks
+    unable to import textual, rich, psutil, prometheus_client, ijson or dagtop itself, trains timed (networkx
+    and numpy stay: torch itself requires networkx, and may bring numpy)."""
+    blocked = sorted((_MONITOR_ONLY - {"numpy", "networkx"}) | {"prometheus_client", "ijson"})  # torch needs networkx
+    (tmp_path / "sitecustomize.py").write_text(_BLOCKER.format(blocked=blocked))
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    probe = subprocess.run([sys.executable, "-c", "import textual"], env={**os.environ, **env}, capture_output=True,
+                           text=True)
+    assert probe.returncode != 0 and "blocked" in probe.stderr  # the blocker works in a child
+    collector = Collector(endpoint)
+    try:
+        run = run_job("loops.py", "--mode", "plain", "--steps", "4", endpoint=endpoint, env=env)
+        assert run.ok and "Traceback" not in run.log and "disabled itself" not in run.log, run.log[-3000:]
+        frames = collector.until_bye(2)
+    finally:
+        collector.stop()
+    batches = [f for f in (wire.decode(r.payload) for r in frames) if isinstance(f, wire.IterationBatch)]
+    assert {b.rank for b in batches} == {0, 1} and len(batches) >= 6

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from dagtop.cli import main
 from dagtop.demo.launch import free_endpoint, free_port
 from dagtop.exits import Exit
 from dagtop.interop.metrics import MetricsServer
+from dagtop.model.liveness import LivenessView
 from dagtop.model.pipeline import Pipeline
 from dagtop.recording import read_recording
 
@@ -106,10 +108,35 @@ def test_a_port_in_use_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
         code = main(["record", "--bind", free_endpoint(), "-o", str(tmp_path / "r.dagtop"),
                      "--metrics-port", f"127.0.0.1:{port}", "--timeout", "1"])
     err = capsys.readouterr().err
-    assert code == Exit.RECORD_CANNOT_BIND and err.count("\n") == 1 and f"127.0.0.1:{port}" in err
+    assert code == Exit.CANNOT_BIND and err.count("\n") == 1 and f"127.0.0.1:{port}" in err
 
 
 def test_a_bad_port_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["--metrics-port", "70000"])
     assert exit_.value.code == Exit.USAGE and "not a port" in capsys.readouterr().err
+
+
+def test_once_the_job_ended_the_rates_are_zero_and_it_says_so() -> None:
+    """Issue #30: the last rate measured stayed on the endpoint forever after the job ended."""
+    pipeline = Pipeline(window=None)
+    pipeline.feed(read_recording(FIXTURES / "demo-straggler1-io.dagtop"))
+    running = pipeline.snapshot()
+    assert running.running and running.iterations_per_s > 0
+    ended = dataclasses.replace(running, ranks=tuple(dataclasses.replace(r, connected=False) for r in running.ranks))
+    stalled = dataclasses.replace(running, liveness=LivenessView(stalled_s=14.2))
+    for snap, job_running in ((running, 1), (ended, 0), (dataclasses.replace(running, finished=True), 0),
+                              (stalled, 1)):
+        server = MetricsServer(lambda snap=snap: snap, ("127.0.0.1", 0))  # type: ignore[misc]
+        try:
+            got = samples(generate_latest(server.registry).decode())
+        finally:
+            server.close()
+        assert got[("dagtop_job_running", ())] == job_running
+        rates = [v for (name, _), v in got.items() if name == "dagtop_rank_iterations_per_second"]
+        if snap is running:
+            assert got[("dagtop_iterations_per_second", ())] == pytest.approx(snap.iterations_per_s)
+            assert rates and all(v > 0 for v in rates)
+        else:  # stalled or ended: 0; the figures of the last iterations stay, they describe how it ended
+            assert got[("dagtop_iterations_per_second", ())] == 0 and rates and all(v == 0 for v in rates)
+            assert got[("dagtop_iteration_seconds", ())] > 0

@@ -60,8 +60,8 @@ def test_news_is_drawn_at_most_once_a_frame_however_often_it_comes() -> None:
     async def body(pilot) -> None:  # type: ignore[no-untyped-def]
         source.push(frames[:6])  # the hellos and two iterations
         await _until(pilot, lambda: (s := app.collector.latest.snapshot.latest) is not None and s.iteration >= 1)
-        # The first news is drawn at once, unless the app's own timer drew an earlier one (the hellos alone) a
-        # moment before: then within a frame's ticks.
+        # The first news is drawn at once, unless the app's own timer drew an earlier one (the hellos) in this
+        # frame before the iteration came: a loaded machine starts the app slowly. Then it waits for the frame.
         for _ in range(app._ticks_per_frame + 1):
             app.tick()
             if app.shown.latest is not None:

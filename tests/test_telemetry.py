@@ -277,6 +277,8 @@ def test_many_hosts_shrink_to_a_line_each_then_are_counted() -> None:
 def test_the_panel_says_whose_figures_it_shows() -> None:
     assert panel_title([_sample(0), _sample(9, host="other")], _monitor()) == "telemetry · job · 2 hosts"
     assert panel_title([], _monitor()) == "telemetry · this host (monitor)"
+    assert panel_title([], _monitor(), 25) == "this host (monitor)"  # 80x24: whose, rather than cut (issue #30)
+    assert panel_title([_sample(0), _sample(9, host="other")], _monitor(), 24) == "job · 2 hosts"
     assert "node0" in panel_text([], _monitor(), live=True).plain  # the fallback: an older shim sends none
     job = panel_text([_sample(0)], _monitor(), live=True).plain
     assert "gpu-node-7" in job and "node0" not in job  # once the job sends its own, the monitor's is gone

@@ -78,7 +78,8 @@ def words(text: str) -> str:
 def terminal(request: pytest.FixtureRequest) -> Iterator[Terminal]:
     term = Terminal(*request.param)
     try:
-        term.wait_for(lambda s: "iteration 29" in s and "r0 main" in s, "the recording's last iteration")
+        term.wait_for(lambda s: re.search(r"\bit(?:eration)? 29\b", s) is not None and "r0 main" in s,
+                      "the recording's last iteration")
         yield term
     finally:
         term.close()
@@ -122,4 +123,43 @@ def test_a_rank_picked_with_r_comes_first_in_tmux(terminal: Terminal) -> None:
         return "Focus a rank" not in screen and lanes[:2] == ["r1", "r1"] and "r0" in lanes and ranks == [1, 0]
 
     terminal.wait_for(rank_1_first, "rank 1's rows first")
+    terminal.quit()
+
+
+def test_every_line_keeps_its_end_in_tmux(terminal: Terminal) -> None:
+    """Issue #30: the status line keeps its counts (words shorten first) and, at 120x36 even while paused, its
+    last word; the verdict keeps the iteration's own part; the what-if panel says how many rows it hides; the
+    rank picker's rows stay one line, ``◀ straggler`` included."""
+    columns = int(terminal.tmux("display-message", "-p", "#{window_width}").stdout)
+    screen = terminal.wait_for(lambda s: "×1.00" in s, "the what-if rows")
+    status, verdict = screen.splitlines()[:2]
+    assert re.search(r"(dropped|drop) 0 · (rejected|rej) 0", status) and not status.rstrip().endswith("…"), screen
+    assert re.search(r"│ it 29: io \d+ %", verdict), screen
+    assert screen.rstrip().splitlines()[-1].rstrip().endswith("? Help"), screen  # every key in the footer
+    row = re.compile(r"\d+\.\d +×\d\.\d\d")  # a what-if row: ms/it, then throughput (the ranks table has no ×)
+    shown = len(row.findall(screen))
+    more = re.search(r"\+(\d+) more · w", screen)
+    terminal.keys("w")
+    details = terminal.wait_for_words("what if… iteration 29", "change ms/it")
+    terminal.keys("Escape")
+    terminal.wait_for(lambda s: "what if… iteration" not in s, "the main screen again")
+    rows = len(row.findall(details))  # the w screen's table, every row: "now" and each change
+    assert rows >= 7 and shown + (int(more.group(1)) if more else 0) == rows, (screen, details)
+    if columns < 120:
+        assert more, screen
+    terminal.keys("p")
+    paused = terminal.wait_for(lambda s: "PAUSED" in s, "the pause")
+    status = paused.splitlines()[0].rstrip()
+    if columns >= 120:
+        assert status.endswith("demo-straggler1-io.dagtop"), paused
+    assert re.search(r"(dropped|drop) 0 · (rejected|rej) 0", status), paused
+    terminal.keys("r")
+    picker = terminal.wait_for_words("Focus a rank", "all ranks (no focus)", "rank 1")
+    rows = [line for line in picker.splitlines() if re.search(r"▊ rank [01] ", line)]
+    assert len(rows) == 2 and "◀ straggler" in next(r for r in rows if "rank 1 " in r), picker
+    assert not any(re.fullmatch(r"[│▊▎ ]*◀ straggler[│▊▎ ]*", line.split("│", 1)[-1].strip()) for line in
+                   picker.splitlines()), picker
+    terminal.keys("Escape")
+    terminal.wait_for(lambda s: "Focus a rank" not in s, "the main screen again")
+    terminal.keys("p")
     terminal.quit()

@@ -43,12 +43,18 @@ def test_headline_says_the_window_first_then_the_iteration_on_screen() -> None:
                             shares={"allreduce": 0.46, "compute": 0.54}, exposed_comm_ms=38.2,
                             straggler=Straggler(3, "io", 21.3, 19.6))
     steady = SteadyVerdict(20, "compute", 0.52, SteadyStraggler(3, "io", 19, 20.4, (17.2, 24.9), 21.0, 20, 1e-5))
-    assert headline(steady, a, 78).plain == ("compute 52 % of critical path (last 20) · straggler rank 3 (io +20 ms)"
-                                             " │ it 55: all-reduce 46 % · exposed 38 ms")
-    # Wide: the excess's 95 % interval; the iteration's own late rank is not a second straggler.
-    assert headline(steady, a, 118).plain == (
+    # As wide as it comes: the excess's 95 % interval; the iteration's own late rank is not a second straggler.
+    assert headline(steady, a).plain == (
         "compute on the critical path 52 % (last 20) · straggler rank 3 (io +20 ms [17, 25]) │ it 55: all-reduce "
         "46 % · exposed 38 ms")
+    # Narrower: words shorten before the figures go, and the iteration's own share stays (issue #30).
+    assert headline(steady, a, 118).plain == (
+        "compute 52 % of path (last 20) · straggler rank 3 (io +20 ms [17, 25]) │ it 55: all-reduce 46 % · "
+        "exposed 38 ms")
+    assert headline(steady, a, 78).plain == ("compute 52 % (last 20) · straggler rank 3 (io +20 ms) │ it 55: "
+                                             "all-reduce 46 %")
+    for width in range(60, 150):
+        assert headline(steady, a, width).cell_len <= width
     quiet = dataclasses.replace(steady, straggler=None)
     assert "(last 20) · no straggler │ it 55" in headline(quiet, a).plain
     tie = dataclasses.replace(quiet, tied_with="allreduce", tied_share=0.45)

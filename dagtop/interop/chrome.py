@@ -20,6 +20,7 @@ from typing import Any
 from dagtop.exits import Exit
 from dagtop.model.snapshot import IterationAnalysis
 from dagtop.model.summary import summarize
+from dagtop.output import OutputError, whole_file
 from dagtop.recording import RecordingError
 from dagtop.report import load
 
@@ -136,7 +137,8 @@ def _critical_path(a: IterationAnalysis, zero: int, pid: int) -> list[dict[str, 
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """The ``dagtop export`` command: 0 on success, 2 when the file cannot be read as a recording."""
+    """The ``dagtop export`` command: 0 on success, 2 when the file cannot be read as a recording, 4 when the
+    trace cannot be written (nothing of it is left)."""
     path = str(args.file)
     if not Path(path).is_file():
         what = "is a directory, not a recording" if Path(path).is_dir() else "no such file"
@@ -156,8 +158,12 @@ def run_export(args: argparse.Namespace) -> int:
               file=sys.stderr)
     summary = summarize([a for a in analyses if a.iteration >= 1] or analyses)
     trace = chrome_trace(analyses, summary)
-    with open(args.output, "w") as f:
-        json.dump(trace, f, separators=(",", ":"))
+    try:
+        with whole_file(args.output) as out, open(out, "w") as f:
+            json.dump(trace, f, separators=(",", ":"))
+    except OutputError as exc:
+        print(f"dagtop export: {exc}", file=sys.stderr)
+        return Exit.DISK
     print(f"dagtop export: {len(analyses)} iterations, {len(trace['traceEvents'])} events → {args.output}",
           file=sys.stderr)
     return Exit.OK

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from dagtop.exits import Exit
 from dagtop.interop.iterations import RankIterations, lift
 from dagtop.interop.kineto import TraceError, read_trace
+from dagtop.output import OutputError, whole_file
 from dagtop.recording import RawFrame, RecordingWriter
 from instrument import wire
 from instrument.events import Event
@@ -135,15 +136,20 @@ def import_traces(paths: Sequence[str]) -> Imported:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    """The ``dagtop import`` command: 0 on success, 2 (:attr:`Exit.BAD_INPUT`) when a trace cannot be used."""
+    """The ``dagtop import`` command: 0 on success, 2 (:attr:`Exit.BAD_INPUT`) when a trace cannot be used, 4
+    (:attr:`Exit.DISK`) when the recording cannot be written (nothing of it is left)."""
     try:
         result = import_traces(args.traces)
     except TraceError as exc:
         print(f"dagtop import: {exc}", file=sys.stderr)
         return Exit.BAD_INPUT
-    with RecordingWriter(args.output) as writer:
-        for frame in result.frames:
-            writer.append(frame)
+    try:
+        with whole_file(args.output) as out, RecordingWriter(out) as writer:
+            for frame in result.frames:
+                writer.append(frame)
+    except OutputError as exc:
+        print(f"dagtop import: {exc}", file=sys.stderr)
+        return Exit.DISK
     for note in result.notes:
         print(f"dagtop import: note: {note}", file=sys.stderr)
     print(f"dagtop import: {result.ranks} of {result.world} ranks, {result.iterations} iterations, "

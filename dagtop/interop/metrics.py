@@ -100,8 +100,11 @@ class SnapshotCollector(Collector):
         yield GaugeMetricFamily("dagtop_ranks_expected", "Ranks in the job", value=snap.ranks_expected)
         yield GaugeMetricFamily("dagtop_ranks_connected", "Ranks that said hello and not bye",
                                 value=sum(r.connected for r in snap.ranks))
-        yield GaugeMetricFamily("dagtop_iterations_per_second", "Iterations per second, job-wide",
-                                value=snap.iterations_per_s)
+        yield GaugeMetricFamily("dagtop_job_running", "1 while a job runs (a rank connected), 0 before the first "
+                                "hello and once every rank said bye or its process is gone", value=int(snap.running))
+        yield GaugeMetricFamily("dagtop_iterations_per_second", "Iterations per second, job-wide, over the last "
+                                "iterations; 0 once the job ended or while an iteration is stalled",
+                                value=snap.iterations_per_s_now)
         rates = GaugeMetricFamily("dagtop_rank_iterations_per_second", "Iterations per second of each rank, from "
                                   f"its task ends over the last {WINDOW} iterations", labels=["rank"])
         for r, rate in _rank_rates(snap).items():
@@ -152,6 +155,9 @@ def advice_families(snap: Snapshot, terms: CostTerms) -> Iterator[Any]:
 
 
 def _rank_rates(snap: Snapshot) -> dict[int, float]:
+    """Each rank's rate over the window; 0 for a rank no longer connected, and for all once the job stopped."""
+    stopped = snap.iterations_per_s_now == 0.0
+    connected = {r.rank for r in snap.ranks if r.connected}
     ends: dict[int, list[int]] = {}
     for a in snap.iterations[-WINDOW:]:
         for r, end in a.tasks.last_end_by_rank().items():
@@ -160,7 +166,7 @@ def _rank_rates(snap: Snapshot) -> dict[int, float]:
     for r, e in ends.items():
         steps = [b - a for a, b in itertools.pairwise(e) if b > a]
         if steps:
-            out[r] = 1e9 / statistics.median(steps)
+            out[r] = 0.0 if stopped or r not in connected else 1e9 / statistics.median(steps)
     return out
 
 

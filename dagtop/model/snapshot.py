@@ -369,6 +369,18 @@ class Snapshot:
     def latest(self) -> IterationAnalysis | None:
         return self.iterations[-1] if self.iterations else None
 
+    @property
+    def running(self) -> bool:
+        """Whether a job is running, as far as the monitor can tell: a rank is connected (said hello and not bye,
+        its process not gone) and the source has not ended. False before any rank said hello."""
+        return not self.finished and any(r.connected for r in self.ranks)
+
+    @property
+    def iterations_per_s_now(self) -> float:
+        """Iterations per second now: the recent rate while the job runs, 0 once it ended or while an iteration
+        is stalled (the rate of the last iterations would say it still runs)."""
+        return self.iterations_per_s if self.running and not self.liveness.stalled_s else 0.0
+
 
 EMPTY_SNAPSHOT = Snapshot(
     iterations=(),

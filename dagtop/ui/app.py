@@ -23,6 +23,7 @@ from dagtop.sources import FrameSource
 from dagtop.telemetry import Sampler
 from dagtop.ui.collector import Collector
 from dagtop.ui.keys import RANK_SCROLL_KEYS, SCREEN_KEYS
+from dagtop.ui.renderables.status import job_ended
 from dagtop.ui.screens.advice import AdviceScreen
 from dagtop.ui.screens.help import HelpScreen
 from dagtop.ui.screens.rank_picker import RankPicker
@@ -44,6 +45,10 @@ every 1.5 s, nvitop every 2 s). A redraw of every panel costs 15–30 ms of CPU,
 training host; a key press redraws at once (benchmarks/bench_monitor.py)."""
 LAG_INTERVAL_S = 0.5
 """How often the status line's lag is brought up to date between redraws: it shows the monitor is alive."""
+
+
+COMPACT_FOOTER_BELOW = 100
+"""Narrower than this the footer drops the padding between its keys, so that every key (and "? Help") fits 80."""
 
 
 class Job(Protocol):
@@ -110,7 +115,10 @@ class DagtopApp(App[int]):
         with Horizontal(id="bottom"):
             yield History(id="history")
             yield Telemetry(id="telemetry", live=self.live)
-        yield Footer()
+        yield Footer(compact=self.size.width < COMPACT_FOOTER_BELOW)
+
+    def on_resize(self) -> None:
+        self.query_one(Footer).compact = self.size.width < COMPACT_FOOTER_BELOW
 
     def on_mount(self) -> None:
         titles = {"ranks": "ranks", "history": "history · iteration time by critical-path category",
@@ -162,6 +170,12 @@ class DagtopApp(App[int]):
             received = update.snapshot.received_ns
             lag = (self.clock() - received) / 1e9 if received else None
             status = self.status_bar
+            if job_ended(update.snapshot, True, status.job_exited):  # the lag would only grow: say when it ended
+                if status.ended_at is None and lag is not None:
+                    status.ended_at = time.strftime("%H:%M:%S", time.localtime(time.time() - lag))
+                lag = None
+            elif status.ended_at is not None:  # ranks again (an elastic restart): the job runs
+                status.ended_at = None
             if lag is None or status.lag_s is None or abs(lag - status.lag_s) >= 0.01:
                 status.lag_s = lag
 

@@ -201,15 +201,19 @@ def panel_text(job: Sequence[wire.Telemetry], sample: TelemetrySample | None, *,
         return telemetry_text(sample, width, height)
     if live:
         return Text("waiting for the ranks' telemetry…", style="dim")
-    return Text("no telemetry from the job yet (recordings made by a shim older than the telemetry frame have "
-                "none)", style="dim")
+    why = "no telemetry from the job yet (recordings made by a shim older than the telemetry frame have none)"
+    if len(why) > width * height * 3 // 4:  # wrapped on words, a line's end goes unused
+        why = "no telemetry from the job yet"
+    return Text(why, style="dim")
 
 
-def panel_title(job: Sequence[wire.Telemetry], sample: TelemetrySample | None) -> str:
-    """Whose figures the panel shows: the job's hosts, or the monitor's own (then it says so)."""
+def panel_title(job: Sequence[wire.Telemetry], sample: TelemetrySample | None, room: int | None = None) -> str:
+    """Whose figures the panel shows: the job's hosts, or the monitor's own (then it says so); without the word
+    "telemetry" where the title would not fit the ``room`` its border has."""
     if job:
         hosts = len({t.host for t in job})
-        return f"telemetry · job · {hosts} host{'s' if hosts > 1 else ''}"
-    if sample is not None:
-        return "telemetry · this host (monitor)"
-    return "telemetry · job"
+        whose = f"job · {hosts} host{'s' if hosts > 1 else ''}"
+    else:
+        whose = "this host (monitor)" if sample is not None else "job"
+    title = f"telemetry · {whose}"
+    return whose if room is not None and len(title) > room else title

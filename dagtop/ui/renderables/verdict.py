@@ -6,13 +6,10 @@ from rich.text import Text
 
 from dagtop.model.snapshot import GATHER, IterationAnalysis, SteadyVerdict
 from dagtop.ui.palette import STRAGGLER_COLOUR, colour, label
+from dagtop.ui.renderables.fit import fit_line
 
-NARROW = 100
-"""Below this many columns the headline uses its short form, so that the straggler still fits."""
-
-
-def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: int = NARROW) -> Text:
-    """What held over the recent window first, then the iteration on screen::
+def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: int | None = None) -> Text:
+    """What held over the recent window first, then the iteration on screen, in at most ``width`` cells::
 
         io on the critical path 78 % (last 20) · straggler rank 1 (io +122 ms [118, 127]) │ it 55: io 81 % · …
 
@@ -20,56 +17,63 @@ def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: i
     verdict (``gathering: 3 of 10 iterations past warm-up``). Two categories within the window's spread are a tie
     (``compute ≈ all-reduce (41 % / 38 %)``). The straggler is the one :mod:`dagtop.model.straggler` names: its
     time in the category it was named in over the other ranks' median, the median over the window and its 95 %
-    interval. Narrower than
-    ``NARROW`` the interval and some words go::
+    interval. Where the line does not fit, its words shorten before a figure goes (issue #30): the lead's words,
+    then the interval, the exposed figure, the window, the word "rank"; the iteration's own share stays (80
+    columns)::
 
-        io 78 % of critical path (last 20) · straggler rank 1 (io +122 ms) │ it 55: …
+        io 78 % (last 20) · straggler rank 1 (io +122 ms) │ it 55: io 81 %
     """
-    text = Text()
-    if not analysis.complete:
-        text.append("incomplete: a rank's events are missing", style=STRAGGLER_COLOUR)
-        text.append(" · ")
-    narrow = width < NARROW
+    incomplete = [Text("incomplete: a rank's events are missing · ", style=STRAGGLER_COLOUR),
+                  Text("incomplete · ", style=STRAGGLER_COLOUR)] if not analysis.complete else []
+    iteration = _iteration(analysis)
     if steady is None or steady.gathering:
-        text.append(f"gathering: {steady.iterations if steady else 0} of {GATHER} iterations", style="bold")
-        if not narrow:
-            text.append(" past warm-up", style="bold")
-        _iteration(text, analysis)
-        return text
+        gathering = f"gathering: {steady.iterations if steady else 0} of {GATHER} iterations"
+        lead = [Text(f"{gathering} past warm-up", style="bold"), Text(gathering, style="bold")]
+        return fit_line([incomplete, lead, iteration], (1, 2, 0), width if width is not None else 10**6)
+    window = f"last {steady.iterations}"
     if steady.tied_with is not None:
-        text.append(label(steady.bottleneck), style=f"bold {colour(steady.bottleneck)}")
-        text.append(" ≈ ", style="bold")
-        text.append(label(steady.tied_with), style=f"bold {colour(steady.tied_with)}")
-        text.append(f" ({steady.share * 100:.0f} % / {steady.tied_share * 100:.0f} %", style="bold")
-        text.append(f", last {steady.iterations})" if not narrow else ")", style="bold")
+        tie = Text.assemble((label(steady.bottleneck), f"bold {colour(steady.bottleneck)}"), (" ≈ ", "bold"),
+                            (label(steady.tied_with), f"bold {colour(steady.tied_with)}"))
+        shares = f" ({steady.share * 100:.0f} % / {steady.tied_share * 100:.0f} %"
+        lead = [Text.assemble(tie, (f"{shares}, {window})", "bold")), Text.assemble(tie, (f"{shares})", "bold"))]
     else:
-        text.append(label(steady.bottleneck), style=f"bold {colour(steady.bottleneck)}")
         share = f"{steady.share * 100:.0f} %"
-        text.append(f" {share} of critical path" if narrow else f" on the critical path {share}", style="bold")
-        text.append(f" (last {steady.iterations})", style="bold")
-    text.append(" · ")
+        lead = [_bottleneck(steady.bottleneck, words, style="bold")
+                for words in (f" on the critical path {share} ({window})", f" {share} of critical path ({window})",
+                              f" {share} of path ({window})", f" {share} ({window})", f" {share}")]
     st = steady.straggler
     if st is None:
-        text.append("no straggler")
+        straggler = [Text(" · no straggler")]
     else:
-        text.append(f"straggler rank {st.rank}", style=f"bold {STRAGGLER_COLOUR}")
-        text.append(" (")
-        text.append(label(st.category), style=colour(st.category))
         lo, hi = st.excess_range_ms
-        text.append(f" {st.excess_ms:+.0f} ms" + ("" if narrow else f" [{lo:.0f}, {hi:.0f}]") + ")")
-    _iteration(text, analysis)
-    return text
+        straggler = [Text(" · ").append_text(_straggler(who, st.category, st.excess_ms, tail))
+                     for who, tail in ((f"rank {st.rank}", f" [{lo:.0f}, {hi:.0f}]"), (f"rank {st.rank}", ""),
+                                       (f"r{st.rank}", ""))]
+    # Give way: the lead's words, the interval, the exposed figure, the window, the word "rank".
+    order = (1, 1, 1, 2, 3, 1, 2, 0)
+    return fit_line([incomplete, lead, straggler, iteration], order, width if width is not None else 10**6)
 
 
-def _iteration(text: Text, analysis: IterationAnalysis) -> None:
-    """`` │ it 55: compute 81 % · exposed 12 ms``, dim: the iteration on screen, after the window's verdict."""
-    text.append(f" │ it {analysis.iteration}: ", style="dim")
+def _iteration(analysis: IterationAnalysis) -> list[Text]:
+    """`` │ it 55: compute 81 % · exposed 12 ms``, dim, and its shorter form: the iteration on screen, after the
+    window's verdict."""
+    now = Text(f" │ it {analysis.iteration}: ", style="dim")
     if analysis.stalled:
-        text.append("stalled (left out of the verdict)", style="dim")
-        return
-    text.append(label(analysis.bottleneck), style=colour(analysis.bottleneck))
-    text.append(f" {analysis.shares.get(analysis.bottleneck, 0.0) * 100:.0f} % · {_communication(analysis)}",
-                style="dim")
+        return [now + Text("stalled (left out of the verdict)", style="dim"), now + Text("stalled", style="dim")]
+    share = Text.assemble(now, (label(analysis.bottleneck), colour(analysis.bottleneck)),
+                          (f" {analysis.shares.get(analysis.bottleneck, 0.0) * 100:.0f} %", "dim"))
+    return [share + Text(f" · {_communication(analysis)}", style="dim"), share]
+
+
+def _bottleneck(category: str, words: str, style: str) -> Text:
+    """``io on the critical path 78 %``: the category in its colour, then ``words``."""
+    return Text.assemble((label(category), f"{style} {colour(category)}"), (words, style))
+
+
+def _straggler(rank: str, category: str, excess_ms: float, tail: str) -> Text:
+    """``straggler rank 1 (io +122 ms…)``: the rank in red, the category in its colour."""
+    return Text.assemble((f"straggler {rank}", f"bold {STRAGGLER_COLOUR}"), " (",
+                         (label(category), colour(category)), f" {excess_ms:+.0f} ms{tail})")
 
 
 def _communication(analysis: IterationAnalysis) -> str:

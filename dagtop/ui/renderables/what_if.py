@@ -37,13 +37,19 @@ def throughput_text(w: WhatIf, with_efficiency: bool = True) -> Text:
     return text
 
 
-def what_if_table(analysis: IterationAnalysis, width: int) -> Table:
+def what_if_table(analysis: IterationAnalysis, width: int, height: int | None = None) -> Table:
     """Rows: now (measured and modelled), then each change by predicted throughput, best first, and last the changes
     the model cannot predict on this job (``—``: the details say why).
 
     The figures keep their width; where the change names do not fit, a name is shortened with "…" before its
-    ``?`` (not validated) and its scaling efficiency, which always show."""
+    ``?`` (not validated) and its scaling efficiency, which always show. In ``height`` lines (header and rule
+    included), the changes that do not fit are counted on the last line instead: ``+3 more · w``."""
     changes = sorted(analysis.what_if, key=lambda w: (not w.predictable, -w.throughput if w.predictable else 0.0))
+    hidden = 0
+    if height is not None and len(changes) + 1 > height - 2:  # the header and its rule take two lines
+        shown = max(0, height - 4)  # "now", the changes that fit, and the line that counts the rest
+        hidden = len(changes) - shown
+        changes = changes[:shown]
     narrow = width < 50  # the efficiency rides with the change's name, where the column has room for it
     names: list[tuple[Text, Text]] = [(Text(str(Change.IDENTITY), style="bold"), Text())]
     for w in changes:
@@ -79,4 +85,6 @@ def what_if_table(analysis: IterationAnalysis, width: int) -> Table:
         if bar_w:
             cells.append(bar)
         table.add_row(*cells)
+    if hidden:
+        table.add_row(Text(f"+{hidden} more · w", style="dim italic"))
     return table

@@ -23,7 +23,9 @@ NO_FOCUS = "none"
 
 
 def rank_option(row: RankRow) -> Text:
-    text = Text(f"rank {row.rank:<4} {row.iteration_ms:8.1f} ms  busy {signed_ms(row.deviation_ms):>7} ms vs the others")
+    """``rank 1      191.8 ms  Δ busy  +137.5 ms  ◀ straggler``: 53 cells at most (ranks up to 99 999), so that
+    the option stays on one line in the picker's 70-cell box (the title says what Δ busy is)."""
+    text = Text(f"rank {row.rank:<5} {row.iteration_ms:8.1f} ms  Δ busy {signed_ms(row.deviation_ms):>8} ms")
     if row.straggler:
         text.append("  ◀ straggler", style=f"bold {STRAGGLER_COLOUR}")
     return text
@@ -43,7 +45,8 @@ class RankPicker(ModalScreen[int | None]):
         options = [Option("all ranks (no focus)", id=NO_FOCUS)]
         options += [Option(rank_option(r), id=str(r.rank)) for r in sorted(self.rows, key=lambda r: r.rank)]
         with Vertical(id="picker-box"):
-            yield Static("Focus a rank (enter), escape to cancel", id="picker-title")
+            yield Static("Focus a rank (enter), escape to cancel. Δ busy: the rank's work (io, pcie, compute) "
+                         "over the other ranks' median.", id="picker-title")
             yield OptionList(*options, id="picker")
 
     def on_mount(self) -> None:

@@ -17,6 +17,8 @@ class StatusBar(Panel):
     """Seconds from the newest frame's arrival to now; None in replay."""
     job_exited: reactive[bool] = reactive(False, layout=False)
     """The job the screen started (``dagtop demo``) has exited: no rate to show any more."""
+    ended_at: reactive[str | None] = reactive(None, layout=False)
+    """Wall-clock time (``HH:MM:SS``) the last frame of a job that has ended came; None while it runs."""
     refused: reactive[int] = reactive(0, layout=False)
     """Connections the live source's ``--auth`` refused; read from the app's collector every half second."""
 
@@ -42,4 +44,5 @@ class StatusBar(Panel):
         analysis = self.view.analysis
         return status_text(self.view.snapshot, source=self.source, live=self.live, lag_s=self.lag_s,
                            paused=self.view.paused, shown_iteration=analysis.iteration if analysis else None,
-                           job_exited=self.job_exited, refused=self.refused)
+                           job_exited=self.job_exited, refused=self.refused, ended_at=self.ended_at,
+                           width=self.content_size.width)

@@ -35,8 +35,11 @@ class Telemetry(Widget):
     def watch_sample(self) -> None:
         self._retitle()
 
+    def on_resize(self) -> None:
+        self._retitle()
+
     def _retitle(self) -> None:
-        self.border_title = panel_title(self.job, self.sample)
+        self.border_title = panel_title(self.job, self.sample, max(self.outer_size.width - 2, 0) or None)  # corners
 
     def render(self) -> RenderableType:
         return panel_text(self.job, self.sample, live=self.live, width=self.size.width, height=self.size.height)

@@ -15,4 +15,4 @@ class WhatIf(Panel):
     def draw(self, view: View) -> RenderableType:
         a = view.analysis
         assert a is not None
-        return what_if_table(a, self.content_size.width)
+        return what_if_table(a, self.content_size.width, self.content_size.height)
