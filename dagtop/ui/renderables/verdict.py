@@ -8,6 +8,7 @@ from dagtop.model.snapshot import GATHER, IterationAnalysis, SteadyVerdict
 from dagtop.ui.palette import STRAGGLER_COLOUR, colour, label
 from dagtop.ui.renderables.fit import fit_line
 
+
 def headline(steady: SteadyVerdict | None, analysis: IterationAnalysis, width: int | None = None) -> Text:
     """What held over the recent window first, then the iteration on screen, in at most ``width`` cells::
 
