@@ -49,6 +49,18 @@ def test_advise_json_is_the_reports_advice(capsys: pytest.CaptureFixture[str]) -
     assert set(advice["waste"]) == {"iterations", "gpu_hours", "communication", "loading", "straggler"}
 
 
+def test_the_straggler_advised_is_the_reports_with_its_what_if(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's rank 1 reads slowly: the advice names the report's straggler, by the same rule over the same
+    iterations (the recording is shorter than the advice's window), and predicts the report's 'straggler at median'."""
+    assert main(["report", str(FIXTURES / "demo-straggler1-io.dagtop"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    at_median = next(w for w in report["what_if"] if w["change"] == "straggler at median")
+    advised = next(c for c in report["advice"]["fixes"] if c["kind"] == "straggler")
+    assert report["straggler"]["rank"] == 1 and advised["setting"] == {"rank": 1}
+    assert advised["speedup"] == pytest.approx(at_median["speedup"]) and advised["speedup"] > 1.5
+    assert report["advice"]["best"] == advised["title"] and "in io: it waits longer for its data" in advised["evidence"]
+
+
 def test_the_report_ends_with_the_advice(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(ADVICE)]) == 0
     out = capsys.readouterr().out

@@ -10,8 +10,9 @@ from test_ui_helpers import two_rank_iteration
 
 from dagtop.model import cost as cost_module
 from dagtop.model.advice import Advice, Candidate, Kind
+from dagtop.model.change import Change
 from dagtop.model.cost import CostTerms, Epoch, epoch_cost, epoch_of, fix_or_buy, scaled, waste
-from dagtop.model.snapshot import Segment
+from dagtop.model.snapshot import Segment, WhatIf
 from instrument import wire
 
 LOADER = wire.Loader(workers=0, batch_size=32, batches=500, prefetch_factor=None, pin_memory=0, persistent_workers=0)
@@ -59,6 +60,17 @@ def test_the_waste_counts_each_cause_alone_over_the_ranks_that_waited() -> None:
     assert w.iterations == 3 and w.gpu_hours == pytest.approx(600 / 3.6e6)
     assert w.communication == pytest.approx(60 / 3.6e6) and w.loading == pytest.approx(120 / 3.6e6)
     assert w.straggler == 0
+
+
+def test_the_straggler_waste_is_the_verdicts_replay_of_its_rank_at_the_median() -> None:
+    """Two 100 ms iterations (replayed 100 ms) on 2 ranks whose 'straggler at median' replay of rank 1 reads 80 ms:
+    20 ms × 2 ranks each, 80 rank-ms; a replay of another rank, or no straggler named, counts nothing."""
+    base = two_rank_iteration()
+    at_median = WhatIf(Change.STRAGGLER_AT_MEDIAN, 80.0, 1.25, rank=1)
+    its = [dataclasses.replace(base, iteration=i, measured_ms=100.0, predicted_ms=100.0, what_if=(at_median,))
+           for i in (1, 2)]
+    assert waste(its, 1).straggler == pytest.approx(80 / 3.6e6)
+    assert waste(its, 0).straggler == 0 and waste(its, None).straggler == 0
 
 
 def test_each_candidate_is_priced_against_now() -> None:

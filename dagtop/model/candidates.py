@@ -7,6 +7,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
+from dagtop.model import verdict
 from dagtop.model.analysis import segments_ms
 from dagtop.model.buckets import finish_ns
 from dagtop.model.candidate import (
@@ -239,17 +240,20 @@ def _update_ms(a: IterationAnalysis) -> float:
 
 
 def _straggler(w: Window) -> list[Candidate]:
-    """The steady verdict's straggler: where it loses its time, and the gain of bringing it to the median."""
-    steady = w.analyses[-1].steady
-    s = steady.straggler if steady is not None else None
+    """The straggler as the verdict's rule names it over the advice's window (as ``report`` does over its range):
+    where it loses its time, and the gain of bringing it to the median."""
+    s = verdict.advance(None, w.analyses).straggler
     if s is None:
         return []
-    per = []
-    for a in w.analyses:
-        x = next((x.iteration_ms for x in a.what_if if x.change is Change.STRAGGLER_AT_MEDIAN), None)
-        mine = a.straggler is not None and a.straggler.rank == s.rank
-        per.append(x if x is not None and mine else a.predicted_ms)
-    speedup, step, bounds = w.predicted(per)
+    # The verdict's own 'straggler at median' replays of that rank (its time in its category down to the others'
+    # median), from the iterations that made them, so that the advice and the report's what-if say one figure.
+    having = [(a, x) for a in w.analyses for x in a.what_if
+              if x.change is Change.STRAGGLER_AT_MEDIAN and x.rank == s.rank and x.predictable]
+    title = f"rank {s.rank} to the median"
+    if not having:
+        return [withheld(Kind.STRAGGLER, title, f"no iteration of the window replayed rank {s.rank} at the median "
+                                                "(the live verdict had not named it there)")]
+    speedup, step, bounds = w.predicted([x.iteration_ms for _, x in having], base=[a.predicted_ms for a, _ in having])
     host = next((r.host for r in w.infos if r.rank == s.rank), "")
     load = next((t.host_stats.cpu_percent for t in w.telemetry
                  if t.host == host and t.host_stats is not None and t.host_stats.cpu_percent is not None), None)
@@ -258,12 +262,10 @@ def _straggler(w: Window) -> list[Candidate]:
         cause = f"host contention: its host {host} is {load:.0f} % busy"
         action = f"find what else runs on {host} beside rank {s.rank} (top, ps) and move it, or move the rank"
     confidence, doubt = confidence_of(Kind.STRAGGLER)
-    return [Candidate(Kind.STRAGGLER, f"rank {s.rank} to the median", action.format(rank=s.rank), {"rank": s.rank},
-                      step, bounds, speedup,
-                      evidence=(f"rank {s.rank} above the others' median in {s.category} in {s.above} of "
-                                f"{steady.iterations} iterations ({s.describe()}, "  # type: ignore[union-attr]
-                                f"{s.busy_excess_ms:+.1f} ms busy against the others' median); it loses the time in "
-                                f"{s.category}: {cause}"),
+    return [Candidate(Kind.STRAGGLER, title, action.format(rank=s.rank), {"rank": s.rank}, step, bounds, speedup,
+                      evidence=(f"the verdict's straggler: {s.describe()} against the others' median (above it in "
+                                f"{s.above} of {s.iterations} iterations, sign test p {s.p_value:.2g}), "
+                                f"{s.busy_excess_ms:+.1f} ms busy; it loses the time in {s.category}: {cause}"),
                       confidence=confidence, doubt=doubt)]
 
 

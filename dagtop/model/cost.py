@@ -102,7 +102,8 @@ class Waste:
     loading: float
     """Data loading on the critical path."""
     straggler: float
-    """What bringing the named straggler to the median would have saved, in the iterations it was late."""
+    """What bringing the named straggler to the median would have saved (the verdict's 'straggler at median'
+    replays of its rank)."""
 
     @property
     def seconds(self) -> float:
@@ -117,10 +118,10 @@ def waste(analyses: Sequence[IterationAnalysis], straggler_rank: int | None) -> 
         total += a.measured_ms * ranks
         comm += a.exposed_comm_ms * ranks
         io += segments_ms(a.critical_path).get("io", 0.0) * ranks
-        if straggler_rank is not None and a.straggler is not None and a.straggler.rank == straggler_rank:
-            w = next((w for w in a.what_if if w.change is Change.STRAGGLER_AT_MEDIAN), None)
-            if w is not None:
-                late += max(a.predicted_ms - w.iteration_ms, 0.0) * ranks
+        w = next((w for w in a.what_if if w.change is Change.STRAGGLER_AT_MEDIAN and w.rank == straggler_rank),
+                 None) if straggler_rank is not None else None
+        if w is not None and w.predictable:
+            late += max(a.predicted_ms - w.iteration_ms, 0.0) * ranks
     return Waste(len(analyses), total / 3.6e6, comm / 3.6e6, io / 3.6e6, late / 3.6e6)
 
 
