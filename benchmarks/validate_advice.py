@@ -48,11 +48,16 @@ class JobKind:
     args: tuple[str, ...]
 
 
+SMALL_LAYERS = ",".join(["64", "1024", "64", "512", "128", "256"] * 7)
+"""41 small layers of three sizes (64 to 256 KiB of weights): with one bucket per layer, the all-reduces' start-up
+cost holds the step, so that bucket sizes truly matter."""
 JOBS = (
     JobKind("mlp, default buckets", ("--job", "mlp", "--depth", "14")),
     JobKind("mlp pyramid, default buckets", ("--job", "mlp", "--widths", "1024,2048,1024,1536,1024,2048,1024,1024,512")),
     JobKind("mlp, tiny buckets", ("--job", "mlp", "--widths", ("256,768,128,512,384,640,256,896,192,512,320,768,256,"
                                                                "448,128,640,384,256"), "--bucket-cap", "0.05")),
+    JobKind("mlp 41 small layers, tiny buckets", ("--job", "mlp", "--widths", SMALL_LAYERS, "--bucket-cap", "0.02")),
+    JobKind("mlp 41 small layers, default buckets", ("--job", "mlp", "--widths", SMALL_LAYERS)),
     JobKind("loader, num_workers=0", ("--job", "loader", "--width", "1024", "--depth", "4", "--io-ms", "0.5")),
     JobKind("rank 1 with a CPU hog", ("--job", "hog", "--width", "512", "--depth", "6")),
     JobKind("transformer", ("--job", "transformer", "--width", "256", "--depth", "4", "--batch", "16")),
@@ -104,6 +109,9 @@ class Trial:
     predicted: float
     keep: bool = False
     """A 'keep the buckets' advice, re-run as the best grouping it did not advise: right if that gains under 2 %."""
+    reference: bool = False
+    """DDP's default buckets, re-run beside an advised bucket change on a job whose buckets are not the default:
+    what the advised change must beat (issue #26), predicted from the same replays."""
 
 
 def trials(advice: Advice, job: JobKind) -> list[Trial]:
@@ -123,7 +131,14 @@ def trials(advice: Advice, job: JobKind) -> list[Trial]:
         arm = arm_of(c, job)
         if arm is not None and c.throughput is not None:
             out.append(Trial(c, arm, c.throughput))
-    return out[:TOP]
+    out = out[:TOP]
+    model = advice.buckets
+    if model is not None and not model.default and any(t.candidate.kind is Kind.BUCKETS and t.arm != "cap=default"
+                                                       and not t.keep for t in out):
+        default = model.tried[0]  # DDP's default grouping, always tried first
+        c = Candidate(Kind.BUCKETS, "DDP's default buckets (reference)", "", {}, speedup=0.0)
+        out.append(Trial(c, "cap=default", model.now.median_ms / default.median_ms, reference=True))
+    return out
 
 
 def run_round(job: JobKind, tmp: Path, blocks: int) -> tuple[Advice, list[Trial], dict[str, Any]]:
@@ -182,9 +197,31 @@ def within(predicted: float, measured: float) -> bool:
     return abs(1 / predicted - 1 / measured) <= 0.01
 
 
+def against_default(table: list[dict[str, Any]]) -> list[str]:
+    """Each advised bucket change against DDP's default buckets, re-run in the same job: the default is the job as
+    it was, or the reference arm beside the change."""
+    out = []
+    for row in table:
+        if row["kind"] != str(Kind.BUCKETS) or row["keep"] or row["reference"]:
+            continue
+        same = [r for r in table if (r["job"], r["round"]) == (row["job"], row["round"])]
+        ref = next((r for r in same if r["reference"]), None)
+        if row["arm"] == "cap=default":
+            continue  # the advised change is the default itself
+        if ref is None:  # the job ran DDP's default
+            pred, meas = row["predicted"], row["measured"]
+        else:
+            pred, meas = row["predicted"] / ref["predicted"], row["measured"] / ref["measured"]
+        verdict = "beats it" if meas >= 1 + MIN_GAIN else "does not beat it"
+        out.append(f"{row['job']}: {row['candidate']} against DDP's default: predicted ×{pred:.3f}, measured "
+                   f"×{meas:.3f}: {verdict}{' (within target)' if within(pred, meas) else ''}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="run only the jobs whose name contains this text")
+    parser.add_argument("--only", default="", help="run only the jobs whose name contains one of these "
+                                                       "comma-separated texts")
     parser.add_argument("--blocks", type=int, default=30, help="blocks per arm in the re-run")
     parser.add_argument("--rounds", type=int, default=1, help="record, advise and re-run this many times per job")
     parser.add_argument("--json", default="", help="also write the rows here")
@@ -196,7 +233,7 @@ def main() -> None:
     table: list[dict[str, Any]] = []
     advised: dict[tuple[str, int], str] = {}
     print(f"{'job':<24} {'candidate':<34} {'predicted':>9} {'measured':>9} {'spread':>13} {'error':>7} ok  best")
-    for n, job in enumerate(j for j in JOBS if args.only in j.name):
+    for n, job in enumerate(j for j in JOBS if any(part in j.name for part in args.only.split(","))):
         for r in range(args.rounds):
             where = tmp / f"{n}-{r}"
             where.mkdir()
@@ -209,7 +246,7 @@ def main() -> None:
             best = advice.best
             # The advised best against the others of its class: changes that leave what the job computes alone
             # are ranked apart from those with a caveat (numerics, the optimisation), which the user decides on.
-            gaining = [t for t in chosen if not t.keep and best is not None
+            gaining = [t for t in chosen if not t.keep and not t.reference and best is not None
                        and bool(t.candidate.caveat) == bool(best.caveat)]
             truly = max(gaining, key=lambda t: rows[t.arm]["measured"]) if gaining else None
             for t in chosen:
@@ -218,14 +255,19 @@ def main() -> None:
                 row = {"job": job.name, "round": r, "candidate": t.candidate.title, "kind": str(t.candidate.kind),
                        "arm": t.arm, "predicted": t.predicted, "confidence": str(t.candidate.confidence), **m,
                        "ok": ok, "keep": t.keep, "keep_right": t.keep and m["measured"] < 1 + MIN_GAIN,
+                       "reference": t.reference,
                        "advised_best": t.candidate is best, "truly_best": t is truly, "load": data.get("load")}
                 table.append(row)
                 mark = ("advised " if row["advised_best"] else "") + ("measured" if row["truly_best"] else "")
                 if t.keep:
                     mark = f"keep: {t.arm} {'gains under 2 %' if row['keep_right'] else 'GAINS'}"
+                if t.reference:
+                    mark = "reference: what an advised bucket change must beat"
                 print(f"{'':<24} {t.candidate.title[:34]:<34} {t.predicted:>8.3f}× {m['measured']:>8.3f}× "
                       f"{m['q1']:>6.3f}–{m['q3']:<6.3f} {(t.predicted / m['measured'] - 1) * 100:>+6.1f}% "
                       f"{'✓' if ok else '✗'}  {mark}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(table, indent=1))
     jobs = {(row["job"], row["round"]) for row in table if not row["keep"]}
     rerun = {(row["job"], row["round"]) for row in table if row["advised_best"]}
     right = sum(1 for j in rerun if any(row["advised_best"] and row["truly_best"] for row in table
@@ -234,13 +276,14 @@ def main() -> None:
     unscored = "; ".join(f"{j} ({advised[j]})" for j in sorted(jobs - rerun) if advised.get(j))
     keeps = [row for row in table if row["keep"]]
     ok = sum(row["ok"] for row in table)
+    beats = against_default(table)
     print(f"\n{ok} of {len(table)} predictions within target; the advised best truly best in {right} of {len(rerun)} "
           f"jobs whose advised best was re-run; 'keep the buckets' right in {sum(r['keep_right'] for r in keeps)} of "
           f"{len(keeps)}; load {os.getloadavg()[0]:.1f}")
     if unscored:
         print(f"advised best not re-run (cannot be made for real here): {unscored}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(table, indent=1))
+    for line in beats:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
     layout = Layout.of(buckets, sorted(units)) if buckets is not None else None
     model = model_buckets(layout, backwards, comm) if (
         layout is not None and backwards and comm is not None and layout.mapped >= 0.5) else None
+    comm = model.comm if model is not None else comm  # with the stretch the buckets' schedule found
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
                tuple(backwards), layout, model, tuple(ranks), tuple(telemetry))
     found = [c for make in MAKERS for c in make(w)]

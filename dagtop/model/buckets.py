@@ -23,6 +23,7 @@ is in both and cancels. The schedule of the buckets now is checked against the c
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from dagtop.model.allreduce import AllReduce, Observed
+from dagtop.model.allreduce import KAPPAS, AllReduce, Observed
 from dagtop.model.snapshot import IterationAnalysis
 from instrument.wire import Buckets
 
@@ -251,7 +252,12 @@ class BucketModel:
 
 
 def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> BucketModel:
-    """Every grouping tried, predicted on every backward given (at least one)."""
+    """Every grouping tried, predicted on every backward given (at least one). Where α and β were fitted on the
+    all-reduces after the backward alone, the stretch κ is the one whose schedule of the buckets now ends where the
+    observed all-reduces ended (median over the backwards): the buckets beside the backward are few and their
+    durations, on a loaded machine, more scheduling than work, so they are weighed as a whole, not one by one."""
+    if comm.after:
+        comm = tail_stretch(layout, backwards, comm)
     typical = _typical(backwards)
     low = comm.sizes < 3  # two sizes cannot tell latency from stretch well below the smallest one
 
@@ -287,6 +293,18 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
     observed = statistics.median(b.observed_end - b.end for b in backwards)
     error = abs(modelled - observed) / 1e6 / typical.identity_ms if typical.identity_ms > 0 else 0.0
     return BucketModel(layout, comm, now, tuple(tried.values()), error, layout.now == default, len(backwards))
+
+
+def tail_stretch(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> AllReduce:
+    """``comm`` with the κ of :data:`dagtop.model.allreduce.KAPPAS` whose schedule of the buckets now has the median
+    tail (last all-reduce's end past the backward's end) nearest the observed one."""
+    observed = statistics.median(b.observed_end - b.end for b in backwards)
+
+    def miss(kappa: float) -> float:
+        c = dataclasses.replace(comm, kappa=kappa)
+        return abs(statistics.median(finish_ns(layout, layout.now, b, c) - b.end for b in backwards) - observed)
+
+    return dataclasses.replace(comm, kappa=min(KAPPAS, key=miss))
 
 
 def _typical(backwards: Sequence[Backward]) -> Backward:

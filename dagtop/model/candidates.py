@@ -210,22 +210,37 @@ def _volume(w: Window) -> list[Candidate]:
     free = {a.iteration: next((x.iteration_ms for x in a.what_if if x.change is Change.PERFECT_OVERLAP), None)
             for a in w.analyses}
     if all(v is not None for v in free.values()):
-        k = ACCUMULATE
-        per = [(k - 1) * max(float(free[a.iteration] or 0.0) - _update_ms(a), 0.0) + a.predicted_ms
-               for a in w.analyses]
-        speedup, step, bounds = w.predicted(per)
-        confidence, doubt = confidence_of(Kind.ACCUMULATION)
-        out.append(Candidate(
-            Kind.ACCUMULATION, f"accumulate {k} micro-batches",
-            f"for i, batch in enumerate(loader):\n    with (ddp.no_sync() if i % {k} != {k - 1} else nullcontext()):\n"
-            f"        loss(ddp(batch)).backward()\n    if i % {k} == {k - 1}: opt.step(); opt.zero_grad()",
-            {"accumulate": k}, step, bounds, speedup, samples=k,
-            evidence=(f"{exposed:.1f} ms of communication exposed per iteration; {k - 1} of {k} micro-batches "
-                      "replayed without their all-reduces (the 'perfect overlap' replay) nor their update"),
-            confidence=confidence, doubt=doubt,
-            caveat=f"changes the optimisation: {k}× the samples per update (scale the learning rate, or give each "
-                   f"micro-batch 1/{k} of the batch, which this prediction does not cover)"))
+        out.append(_accumulation(w, {i: float(v or 0.0) for i, v in free.items()}, exposed, gpu))
     return out
+
+
+def _accumulation(w: Window, free: dict[int, float], exposed: float, gpu: bool) -> Candidate:
+    """K micro-batches per update, K − 1 of them under ``no_sync``: each is the iteration replayed without its
+    exposed communication (the 'perfect overlap' replay) and without its update; on CPU ranks also without the CPU
+    its all-reduces took from the backward beside which they ran (gloo reduces on the ranks' cores): their work
+    alone (the α-β fit) less what they did after the backward, within their time beside it."""
+    k = ACCUMULATE
+    beside: dict[int, float] = {}
+    if not gpu and w.comm is not None:
+        comm = w.comm
+        beside = {b.iteration: sum(comm.done_beside(m, s, e, b.end) for m, s, e in b.collectives) / 1e6
+                  for b in w.backwards}
+    per = [(k - 1) * max(free[a.iteration] - _update_ms(a) - beside.get(a.iteration, 0.0), 0.0) + a.predicted_ms
+           for a in w.analyses]
+    speedup, step, bounds = w.predicted(per)
+    confidence, doubt = confidence_of(Kind.ACCUMULATION)
+    cpu = (f", nor the {statistics.median(beside.values()):.1f} ms of CPU their all-reduces took from the backward "
+           "beside it" if beside else "")
+    return Candidate(
+        Kind.ACCUMULATION, f"accumulate {k} micro-batches",
+        f"for i, batch in enumerate(loader):\n    with (ddp.no_sync() if i % {k} != {k - 1} else nullcontext()):\n"
+        f"        loss(ddp(batch)).backward()\n    if i % {k} == {k - 1}: opt.step(); opt.zero_grad()",
+        {"accumulate": k}, step, bounds, speedup, samples=k,
+        evidence=(f"{exposed:.1f} ms of communication exposed per iteration; {k - 1} of {k} micro-batches "
+                  f"replayed without their all-reduces (the 'perfect overlap' replay){cpu}, nor their update"),
+        confidence=confidence, doubt=doubt,
+        caveat=f"changes the optimisation: {k}× the samples per update (scale the learning rate, or give each "
+               f"micro-batch 1/{k} of the batch, which this prediction does not cover)")
 
 
 CPU_COMPRESSION = ("not advised on CPU ranks: the hook casts every bucket to float16 and back on the training "
