@@ -227,3 +227,50 @@ def test_two_bucket_sizes_cannot_weigh_other_sizes() -> None:
     advice = advise_snapshot(run(dataclasses.replace(COMM_HEAVY, block_bytes=[4 * MB] * 8)))
     assert not any(c.kind is Kind.BUCKETS for c in advice.fixes)
     assert any(c.kind is Kind.BUCKETS and "cannot be weighed" in c.doubt for c in advice.withheld)
+
+
+def test_latency_and_per_byte_cost_from_the_all_reduces_after_the_backward_alone() -> None:
+    """All-reduces of 1, 4 and 16 MB after the backward cost 0.5 ms + 1 ms/MB; those beside it took whatever the
+    scheduler gave them (here 3 to 9 ms, unrelated to their size): α and β come from the first alone."""
+    rng = random.Random(1)
+    observed = []
+    for i, mb in enumerate([1, 4, 16] * 10):
+        start = 100e6 * i
+        observed.append((mb * 10**6, start, start + 0.5e6 + 1e6 * mb, start - 1))  # after the backward's end
+        beside = start + 50e6
+        observed.append((mb * 10**6, beside, beside + rng.uniform(3e6, 9e6), beside + 20e6))
+    comm = fit(observed, 2)
+    assert comm is not None and comm.after == 30 and comm.sizes == 3
+    assert comm.a_ns == pytest.approx(0.5e6, rel=0.01) and comm.b_ns_per_byte == pytest.approx(1.0, rel=0.01)
+    assert "after the backward" in comm.describe()
+
+
+def test_the_stretch_beside_the_backward_is_the_one_that_ends_the_buckets_where_they_ended() -> None:
+    """Four 1 MB buckets ready every 2 ms of an 6 ms backward, all-reduced at half speed beside it (κ = 1): the
+    stretch found from the observed end of the last one is 1."""
+    layout = Layout(("d", "c", "b", "a"), (10**6,) * 4, ("d", "c", "b", "a"), (1, 1, 1, 1))
+    truth = AllReduce(a_ns=0.5e6, b_ns_per_byte=1.0, kappa=1.0, workers=2, after=10, sizes=3)
+    backwards = []
+    for i in range(5):
+        b = Backward(i, {"d": 0, "c": 2_000_000, "b": 4_000_000, "a": 6_000_000}, 6_000_000, 0, 20.0)
+        end = int(finish_ns(layout, layout.now, b, truth))
+        backwards.append(dataclasses.replace(b, observed_end=end))
+    found = buckets_module.tail_stretch(layout, backwards, dataclasses.replace(truth, kappa=0.0))
+    assert found.kappa == pytest.approx(1.0) and end > 6_000_000 + 1.5e6
+
+
+def test_accumulation_on_cpu_ranks_also_frees_the_cpu_the_all_reduces_took_beside_the_backward() -> None:
+    """gloo reduces on the ranks' cores: a micro-batch under no_sync gives the backward back the CPU its all-reduces
+    did beside it, on CPU ranks only. On COMM_HEAVY the first bucket (2 MiB: 0.5 + 2 ms of work) all-reduces beside
+    the 40 ms backward, so at least that much is freed per micro-batch."""
+    snap = run(COMM_HEAVY)
+    cpu = next(c for c in advise_snapshot(snap).fixes if c.kind is Kind.ACCUMULATION)
+    gpu_ranks = [dataclasses.replace(r, device="cuda:0") for r in snap.ranks]
+    gpu = next(c for c in advise(snap.iterations, gpu_ranks, snap.buckets, snap.telemetry).fixes
+               if c.kind is Kind.ACCUMULATION)
+    assert "CPU their all-reduces took" in cpu.evidence and "CPU" not in gpu.evidence
+    freed = float(cpu.evidence.split("nor the ")[1].split(" ms")[0])
+    assert 2.5 <= freed <= 40.0
+    assert cpu.step_ms is not None and gpu.step_ms is not None
+    # Three micro-batches of the four give it back (the step shown is the measured one over the replayed speedup).
+    assert gpu.step_ms - cpu.step_ms == pytest.approx(3 * freed, rel=0.25)
