@@ -275,9 +275,10 @@ def main() -> None:
     # A job whose advised best this harness cannot make for real (a straggler without a hog to stop) is not scored.
     unscored = "; ".join(f"{j} ({advised[j]})" for j in sorted(jobs - rerun) if advised.get(j))
     keeps = [row for row in table if row["keep"]]
-    ok = sum(row["ok"] for row in table)
+    gains = [row for row in table if not row["keep"] and not row["reference"]]  # keeps are judged as keeps
+    ok = sum(row["ok"] for row in gains)
     beats = against_default(table)
-    print(f"\n{ok} of {len(table)} predictions within target; the advised best truly best in {right} of {len(rerun)} "
+    print(f"\n{ok} of {len(gains)} predicted gains within target; the advised best truly best in {right} of {len(rerun)} "
           f"jobs whose advised best was re-run; 'keep the buckets' right in {sum(r['keep_right'] for r in keeps)} of "
           f"{len(keeps)}; load {os.getloadavg()[0]:.1f}")
     if unscored:

@@ -56,7 +56,7 @@ DOUBT: Mapping[Kind, str] = {
     Kind.SCALE_OUT: "not validated: the α-β fit is extrapolated to more ranks than ran, and the test machine's 2 "
                     "cores cannot run more ranks without measuring core sharing instead",
     Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
-    Kind.ACCUMULATION: "within the target in 3 of 8 re-runs on a 2-core CPU machine at load 12-17 (2026-11-27): "
+    Kind.ACCUMULATION: "within the target in 4 of 9 re-runs on a 2-core CPU machine at load 12-17 (2026-11-27): "
                        "under-predicted by 10-17 % where many small all-reduces or a CPU hog make each all-reduce "
                        "cost more than the recorded ones (×2.12 predicted, ×2.55 re-run), over-predicted by 11 % on "
                        "an 18-layer MLP's tiny buckets (×2.10, ×1.89), 4 points short on a transformer (×1.05, ×1.09)",
