@@ -114,6 +114,46 @@ def test_a_stall_that_resumes_and_ends_between_two_looks_is_resumed() -> None:
     assert stall.resumed
 
 
+def test_a_silent_holder_heard_again_before_its_iteration_keeps_its_silence_in_the_record() -> None:
+    """Rank 1, stopped, comes back: its heartbeat (in backward) arrives a look before its iteration does. The record
+    says what held the job (silent 12 s), not the last look's 'in backward for 13 s' (its task's clock ran on while
+    it was frozen)."""
+    live = Liveness()
+    _run(live, until_s=15.0, stop_rank_1_at_s=3.0)
+    live.assess(15 * S)
+    live.take(wire.Heartbeat(10_000, 1, 30, "backward layers.3", 13_000), 16 * S)
+    live.take(wire.Heartbeat(10_001, 0, 30, "all-reduce bucket 0", 13_000), 16 * S)
+    assert live.assess(16 * S + S // 2).stalled_s  # still stalled: no iteration done since
+    [stall] = live.stalls
+    [holder] = stall.holders
+    assert (holder.rank, holder.task, holder.silent_s >= 12) == (1, "backward layers.3", True), holder
+    assert stall.waiting == (("all-reduce bucket 0", (0,)),)
+    for rank in (0, 1):
+        live.take(_iter(rank, 30, 10_002), 17 * S)
+    live.assess(17 * S)
+    assert live.stalls[0].resumed and live.stalls[0].holders[0].silent_s >= 12
+
+
+def test_a_stall_whose_last_iterations_come_within_one_look_is_resumed_when_the_recording_ends() -> None:
+    """The ranks come back and the recording ends before the next look (0.5 s): judged as of its last frame."""
+    frames = []
+    live = Liveness()
+    original = live.take
+    live.take = lambda frame, ns: frames.append(RawFrame(ns, wire.encode(frame)))  # type: ignore[method-assign]
+    _run(live, until_s=15.0, stop_rank_1_at_s=3.0)
+    live.take = original  # type: ignore[method-assign]
+    seq = 20_000
+    for it in (30, 31, 32):
+        for rank in (0, 1):
+            frames.append(RawFrame(15 * S + it * 1_000_000, wire.encode(_iter(rank, it, seq))))
+            seq += 1
+    pipeline = Pipeline(window=None)
+    pipeline.feed(frames)
+    pipeline.finish()
+    [stall] = pipeline.liveness.stalls
+    assert stall.resumed and [h.rank for h in stall.holders] == [1], stall
+
+
 def test_a_rank_silent_before_its_first_heartbeat_is_placed_after_its_last_task() -> None:
     live = Liveness()
     live.take(_hello(0, 100), 0)

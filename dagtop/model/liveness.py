@@ -240,8 +240,6 @@ class Liveness:
         self._alive = alive
         self._host = socket.gethostname()
         self._ranks: dict[int, _Rank] = {}
-        self._progress_it = -1
-        """The last iteration done on every rank, as of the last look."""
         self._intervals: deque[int] = deque(maxlen=20)
         """The latest iterations' durations on their ranks' clocks (ns)."""
         self._stalls: dict[int, Stall] = {}
@@ -332,7 +330,6 @@ class Liveness:
             gone = []  # a job that ended: every rank said bye
         silent = [(rank, (now_ns - r.heard_ns) / 1e9, r) for rank, r in sorted(live.items())
                   if now_ns - r.heard_ns > _silent_after(r) * 1e9]
-        progressed = self._progress(live)
         # How long each rank has gone without an iteration, as far as what came from it tells: on its own clock
         # (up to its latest heartbeat), or on the monitor's for a rank whose heartbeats do not carry its clock.
         quiet_ns = max((r.clock_ns - r.since_ns if r.rank_clock and r.since_ns else now_ns - r.since_received_ns
@@ -344,10 +341,9 @@ class Liveness:
         if stalled:
             holders, waiting = self._holders(now_ns, live, silent)
             self._record(live, holders, waiting, quiet_ns / 1e9)
-        elif self._open is not None and (progressed or not live):
-            # Gone on: an iteration completed on every rank since it began (the ranks that said bye since, by the
-            # last they sent: a job that resumed and ended within one look is resumed too).
-            resumed = progressed or min((r.done for r in ranks.values()), default=-1) > self._open_at
+        elif self._open is not None and ((resumed := _done(ranks) > self._open_at) or not live):
+            # Gone on: an iteration completed on every rank since it began, however many looks ago (frames that
+            # come in a burst after a stall are looked at once), or ended (every rank said bye).
             if self._open in self._stalls:
                 self._stalls[self._open] = _replace(self._stalls[self._open], resumed=resumed)
             self._open = None
@@ -427,13 +423,23 @@ class Liveness:
         """Open the stall under way, or bring it up to date."""
         iteration = max((r.iteration for r in live.values()), default=0)
         if self._open is None or self._open not in self._stalls:
-            self._open, self._open_at = self._number(self._stalls, STALLS_KEPT), self._progress_it
+            self._open, self._open_at = self._number(self._stalls, STALLS_KEPT), _done(self._ranks)
             self._stalls[self._open] = Stall(iteration, tuple(holders), waiting, round(stalled_s, 1), resumed=False)
             return
         old = self._stalls[self._open]
-        holders = holders or list(old.holders)  # the last word of a rank that went quiet keeps its place
-        self._stalls[self._open] = _replace(old, iteration=max(old.iteration, iteration), holders=tuple(holders),
-                                            waiting=waiting or old.waiting, stalled_s=round(stalled_s, 1))
+        # Each holder as it held the job most plainly: a rank heard again as the job resumes (its heartbeat back,
+        # its iteration not yet) must not turn 'silent 8 s' into 'in forward for 9 s'; where the others waited, as
+        # of that look.
+        kept = {h.rank: h for h in old.holders}
+        for h in holders:
+            if h.rank not in kept or _weight(h) > _weight(kept[h.rank]):
+                kept[h.rank] = h
+        longest = max(map(_weight, holders), default=(False, 0.0)) >= max(map(_weight, old.holders),
+                                                                         default=(False, 0.0))
+        self._stalls[self._open] = _replace(old, iteration=max(old.iteration, iteration),
+                                            holders=tuple(sorted(kept.values(), key=lambda h: h.rank)),
+                                            waiting=waiting if waiting and longest else old.waiting or waiting,
+                                            stalled_s=round(stalled_s, 1))
 
     def _number(self, kept: dict[int, Any], limit: int) -> int:
         """A number for a new record in ``kept``, the oldest dropped past ``limit``."""
@@ -447,16 +453,7 @@ class Liveness:
         self._restarts[r.restart] = Restart(rank, r.pid or 0, new_pid, None, now_ns)
         r.done, r.iteration, r.task = -1, 0, ""
         r.clock_ns = r.since_ns = r.since_received_ns = 0  # a new process: a clock of its own
-        self._progress_it = min((x.done for x in self._ranks.values()), default=-1)
-
-    def _progress(self, live: dict[int, _Rank]) -> bool:
-        """Whether every rank has done a further iteration since the last look (the job progressed). Looked at in
-        :meth:`assess` (O(ranks)), not per frame."""
-        done = min((r.done for r in live.values()), default=-1)
-        if done <= self._progress_it:
-            return False
-        self._progress_it = done
-        return True
+        self._open_at = -1  # a stall under way: the new process's first iteration resumes it
 
 
 def _last_task(events: Any) -> str:
@@ -482,3 +479,14 @@ def _silent_after(r: _Rank) -> float:
 
 def _replace(obj: Any, **changes: Any) -> Any:
     return dataclasses.replace(obj, **changes)
+
+
+def _done(ranks: dict[int, _Rank]) -> int:
+    """The last iteration done on every rank."""
+    return min((r.done for r in ranks.values()), default=-1)
+
+
+def _weight(h: Holder) -> tuple[bool, float]:
+    """What a holder's record says: a silence (the rank could not be heard: frozen, cut off) before a task held open,
+    then the longer."""
+    return h.silent_s > 0, max(h.silent_s, h.open_s)

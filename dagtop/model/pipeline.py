@@ -81,6 +81,7 @@ class Pipeline:
         with self._lock:
             self._finished = True
             self._completion.finish()
+            self.liveness.assess(self._admission.received_ns)  # judged as of the last frame, however recent the last look
             self._snapshot = None
 
     # ------------------------------------------------------------------ counters
