@@ -317,17 +317,22 @@ class Publisher:
         next_heartbeat = started + HEARTBEAT_EVERY_S if self._where is not None else float("inf")
         joined = False
         hold_until = started + JOIN_GRACE_S
+        # What the last poll found readable (None on the first turn: everything). A turn reads only where something
+        # waits: a look at an empty socket costs a call into libzmq and a raised zmq.Again, two of them a turn, and a
+        # turn comes with every iteration handed over.
+        ready: dict[Any, int] | None = None
         while True:
             self.turns += 1
             # Cleared before the queue is read: a hand-over from now on writes a byte, so none is missed.
             self._woken = False
-            try:
-                os.read(self._wake_r, 4096)
-            except BlockingIOError:
-                pass
+            if ready is None or self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
             stopping = self._stop.is_set()
             now = time.monotonic()
-            subscribed = self._subscribed(sock)
+            subscribed = (ready is None or sock in ready) and self._subscribed(sock)
             joined = joined or subscribed
             holding = not joined and now < hold_until and bool(self._queue)
             if subscribed or (early and now >= early[0]) or now >= next_hello:
@@ -338,7 +343,7 @@ class Publisher:
             if self._resolver is not None and now >= next_calibration:
                 self._resolver.calibrate()
                 next_calibration = now + 1.0
-            if events is not None:
+            if events is not None and (ready is None or events in ready):
                 self._refused(events)
             if now >= next_heartbeat:
                 self._send_heartbeat(sock)
@@ -356,7 +361,7 @@ class Publisher:
             sleep_s = due - time.monotonic()
             if waiting_on_gpu:
                 sleep_s = min(sleep_s, GPU_POLL_S)
-            poller.poll(max(0, int(sleep_s * 1000) + 1))
+            ready = dict(poller.poll(max(0, int(sleep_s * 1000) + 1)))
 
     def _subscribed(self, sock: zmq.Socket[bytes]) -> bool:
         """True if a monitor subscribed since the last look (XPUB hands us b'\\x01' + topic)."""
