@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ def canonical(x: Any) -> Any:
         return {name: canonical(getattr(x, name)) for name in x._fields}
     if isinstance(x, Mapping):
         return {str(k): canonical(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):  # lists, tuples, the model's Tasks
         return [canonical(v) for v in x]
     if isinstance(x, float):
         return repr(x)
