@@ -164,7 +164,7 @@ def measure(ranks: int, mode: str, args: argparse.Namespace, workdir: Path) -> R
     endpoint = free_endpoint()
     job = SyntheticJob(ranks=ranks, blocks=args.blocks, slow_ranks=(ranks // 2,), slow_factor=3.0)
     seconds = args.warmup + args.windows * args.window_s + 5
-    monitor = [sys.executable, "-m", "dagtop.cli"]
+    monitor = [sys.executable, "-m", "dagtop"]
     if mode == "record":
         monitor += ["record", "--bind", endpoint, "--ranks", str(ranks), "-o", str(workdir / f"r{ranks}.dagtop")]
     else:

@@ -260,7 +260,7 @@ def measure(ranks: int, args: argparse.Namespace, workdir: Path) -> Result:
 
     endpoint = free_endpoint()
     stats = workdir / f"stats{ranks}.json"
-    monitor = [sys.executable, "-m", "dagtop.cli", "--bind", endpoint, "--ranks", str(ranks),
+    monitor = [sys.executable, "-m", "dagtop", "--bind", endpoint, "--ranks", str(ranks),
                "--refresh", str(args.refresh), "--nice", "0"]
     session = f"scale{ranks}"
     # exec: the pane's process is the monitor itself (Textual draws on stderr: it stays the pane's).
@@ -268,7 +268,7 @@ def measure(ranks: int, args: argparse.Namespace, workdir: Path) -> Result:
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "36", command)
     monitor_process = psutil.Process(int(tmux("display-message", "-p", "-t", session, "#{pane_pid}").stdout.strip()))
     relay_endpoints = [] if args.direct else [free_endpoint() for _ in range(min(args.relays, ranks))]
-    relays = [subprocess.Popen([sys.executable, "-m", "dagtop.cli", "relay", "--bind", e, "--to", endpoint,
+    relays = [subprocess.Popen([sys.executable, "-m", "dagtop", "relay", "--bind", e, "--to", endpoint,
                                 "--every", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
               for e in relay_endpoints]
     go, late = mp.get_context("fork").Event(), mp.get_context("fork").Value("d", 0.0)

@@ -22,11 +22,11 @@ from rich.console import Console
 from textual.geometry import Region
 
 from dagtop.demo.launch import free_endpoint
+from dagtop.io.sources import ZmqSource
+from dagtop.io.telemetry import TelemetrySample
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import Snapshot
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.sources import ZmqSource
-from dagtop.telemetry import TelemetrySample
 from dagtop.ui.app import DagtopApp, make_app
 from dagtop.ui.collector import Update
 from dagtop.ui.renderables.history import HistoryChart

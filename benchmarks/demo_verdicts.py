@@ -15,9 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dagtop.commands.report import select
 from dagtop.demo.launch import DemoJob, free_endpoint, record_demo
+from dagtop.io.folded import load
 from dagtop.model.summary import summarize
-from dagtop.report import load, select
 
 DEMOS: list[tuple[str, dict[str, object], str]] = [
     ("--bottleneck io", {"bottleneck": "io"}, "io"),

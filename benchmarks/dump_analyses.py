@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dagtop import report
+from dagtop.commands import report
+from dagtop.io.recording import RecordingReader
 from dagtop.model import pipeline as pipeline_module
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.summary import summarize
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.recording import RecordingReader
 
 FIXTURES = Path(__file__).resolve().parent.parent / "dagtop" / "fixtures"
 

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from hosts import Host, two_hosts, why_not_here
 
 from dagtop.demo.launch import free_port
-from dagtop.recording import read_recording
+from dagtop.io.recording import read_recording
 from instrument import wire
 
 JOB = (ROOT / "tests" / "jobs" / "paced.py").read_text()
@@ -79,7 +79,7 @@ class Run:
 
     def recorder(self, endpoint: str) -> subprocess.Popen[bytes]:
         self.endpoint = endpoint
-        self.rec = self.start([sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o",
+        self.rec = self.start([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o",
                                str(self.recording), "--timeout", "90"], self.monitor_host)
         time.sleep(1.5)
         return self.rec
@@ -124,7 +124,7 @@ class Run:
         return lines[-1] if lines else ""
 
     def report(self, *args: str) -> dict[str, Any]:
-        run = subprocess.run([sys.executable, "-m", "dagtop.cli", "report", "--json", str(self.recording), *args],
+        run = subprocess.run([sys.executable, "-m", "dagtop", "report", "--json", str(self.recording), *args],
                              env=self.env, capture_output=True, text=True, cwd=self.work, check=False)
         return json.loads(run.stdout) if run.returncode == 0 else {"error": run.stderr.strip()[-300:]}
 
@@ -303,14 +303,14 @@ def keygen(tree: Path, work: Path) -> str:
         reader = subprocess.Popen([sys.executable, "-c", READER, str(keys), str(nobody.pw_uid), str(nobody.pw_gid)],
                                   stdout=subprocess.PIPE, text=True)
         assert reader.stdout is not None and reader.stdout.readline().strip() == "ready"
-        subprocess.run([sys.executable, "-m", "dagtop.cli", "keygen", str(keys)], cwd=work,  # not the checkout's
+        subprocess.run([sys.executable, "-m", "dagtop", "keygen", str(keys)], cwd=work,  # not the checkout's
                        env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, check=True)
         out, _ = reader.communicate(timeout=120)
         reads += sum(name.endswith("_secret") for name in out.split())
     said = f"secret files read by nobody: {reads} of 20 (10 keygens, two secrets each)"
     if shutil.which("strace"):  # how each secret file is made: the mode it is created with, and any chmod after
         trace = subprocess.run(["strace", "-f", "-e", "trace=openat,chmod,fchmod,fchmodat", sys.executable, "-m",
-                                "dagtop.cli", "keygen", str(work / "traced")], cwd=work, capture_output=True,
+                                "dagtop", "keygen", str(work / "traced")], cwd=work, capture_output=True,
                                text=True, env={**os.environ, "PYTHONPATH": str(tree)}, check=False)
         calls = [line.split("(", 1)[0].split()[-1] + "(" + line.split("(", 1)[1].split(")")[0].split(", ", 2)[-1] + ")"
                  for line in trace.stderr.splitlines() if "monitor.key_secret" in line]

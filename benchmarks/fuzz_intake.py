@@ -24,8 +24,8 @@ from typing import Any
 import msgpack
 import psutil
 
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import RawFrame
 from instrument import wire
 from instrument.events import PHASES
 

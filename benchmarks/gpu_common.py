@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run from a checkout
 
-from dagtop.sources import ZmqSource
+from dagtop.io.sources import ZmqSource
 from instrument import wire
 
 DEV = torch.device("cuda", 0)
@@ -81,7 +81,7 @@ def iqr(xs: list[float]) -> tuple[float, float]:
 
 
 def dagtop_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dagtop.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dagtop", *args], capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 

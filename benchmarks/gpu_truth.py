@@ -144,7 +144,7 @@ def pcie_demo(out: Path) -> dict[str, Any]:
 
 def nvml_panel() -> dict[str, Any]:
     say("\n== NVML telemetry under load (copies and matrix products), as the telemetry panel draws it")
-    from dagtop.telemetry import TelemetrySampler
+    from dagtop.io.telemetry import TelemetrySampler
     from dagtop.ui.renderables.telemetry import telemetry_text
 
     stop = threading.Event()

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dagtop.commands.record import record
 from dagtop.demo.launch import SILENCE_TIMEOUT_S, DemoJob, free_endpoint
+from dagtop.io.folded import load
+from dagtop.io.recording import RecordingWriter
+from dagtop.io.sources import ZmqSource
 from dagtop.model.advice import MIN_GAIN, Advice, Candidate, Kind, advise_snapshot
-from dagtop.record import record
-from dagtop.recording import RecordingWriter
-from dagtop.report import load
-from dagtop.sources import ZmqSource
 
 JOBS_SCRIPT = str(Path(__file__).with_name("advice_jobs.py"))
 RECORD_ITERATIONS = 60

@@ -30,9 +30,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dagtop.commands.report import select
 from dagtop.demo.launch import free_port
+from dagtop.io.folded import load
 from dagtop.model.summary import summarize
-from dagtop.report import load, select
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -64,7 +65,7 @@ def record(hosts: tuple[Host, Host], iterations: int, path: Path) -> None:
             return proc
 
         try:
-            recorder = start([sys.executable, "-m", "dagtop.cli", "record", "--bind", monitor, "-o", str(path),
+            recorder = start([sys.executable, "-m", "dagtop", "record", "--bind", monitor, "-o", str(path),
                               "--ranks", "2", "--iterations", str(iterations - 2), "--timeout", "300"], a)
             port = str(free_port())
             for rank, host in enumerate((a, b)):

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dagtop.commands.report import select
 from dagtop.demo.launch import DemoJob, free_endpoint, record_demo
+from dagtop.io.folded import load
 from dagtop.model.summary import summarize
-from dagtop.report import load, select
 
 STEP_CLOCK = ("import os, time, atexit, torch\n"
               "_steps = []\n"

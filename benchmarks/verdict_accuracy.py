@@ -45,14 +45,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dagtop.commands.record import record
+from dagtop.commands.report import select
 from dagtop.demo.launch import HOST_MEMORY_REUSE, free_port
+from dagtop.io.folded import load
+from dagtop.io.recording import RecordingWriter, read_recording
+from dagtop.io.sources import ANY_LOCAL_PORT, ZmqSource
+from dagtop.model.frames import RawFrame
 from dagtop.model.snapshot import WARM_UP
 from dagtop.model.summary import summarize
 from dagtop.model.verdict import counts
-from dagtop.record import record
-from dagtop.recording import RawFrame, RecordingWriter, read_recording
-from dagtop.report import load, select
-from dagtop.sources import ANY_LOCAL_PORT, ZmqSource
 from instrument import wire
 from instrument.events import SCRIPT
 

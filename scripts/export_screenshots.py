@@ -26,8 +26,8 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from dagtop.io.sources import RecordingSource
 from dagtop.model.cost import NO_TERMS, CostTerms
-from dagtop.sources import RecordingSource
 from dagtop.ui.app import make_app
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -34,7 +34,7 @@ SAMPLE = re.compile(r"^<!-- sample: (?P<command>dagtop [^\n]*?) -->\n```\n(?P<bl
 
 def output_of(command: str) -> str:
     """The block for ``command``: the command as typed, then what it prints (stdout), run from the repository root."""
-    from dagtop.cli import main
+    from dagtop.commands.cli import main
 
     out = io.StringIO()
     here = os.getcwd()

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import settings
 
 from dagtop.demo.launch import free_endpoint
-from dagtop.recording import RawFrame
-from dagtop.sources import ZmqSource
+from dagtop.io.sources import ZmqSource
+from dagtop.model.frames import RawFrame
 from instrument import wire
 
 RUN_MARKER = "DAGTOP_TEST_RUN"

@@ -18,9 +18,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.demo.launch import free_port
-from dagtop.recording import RawFrame, RecordingWriter
+from dagtop.io.recording import RecordingWriter
+from dagtop.model.frames import RawFrame
 from instrument import wire
 
 JOBS = Path(__file__).parent / "jobs"

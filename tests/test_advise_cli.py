@@ -10,10 +10,10 @@ import msgpack
 import pytest
 from prometheus_client.core import Metric
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.interop.metrics import SnapshotCollector
+from dagtop.io.folded import load
 from dagtop.model.cost import CostTerms
-from dagtop.report import load
 from instrument import wire
 from instrument.loader import describe_loader
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_ui_helpers import fake_telemetry, named_straggler, wait_loaded
 
-from dagtop.cli import main
-from dagtop.sources import RecordingSource
+from dagtop.commands.cli import main
+from dagtop.io.sources import RecordingSource
 from dagtop.ui.app import make_app
 
 FIXTURES = sorted((Path(__file__).parent.parent / "dagtop" / "fixtures").glob("*.dagtop"))

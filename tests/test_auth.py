@@ -14,9 +14,9 @@ import pytest
 import zmq
 from conftest import WAIT_S
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.exits import Exit
-from dagtop.recording import read_recording
+from dagtop.io.recording import read_recording
 from instrument import wire
 
 RANK = """
@@ -94,7 +94,7 @@ def test_record_with_auth_takes_the_keyed_rank_and_refuses_the_others(tmp_path: 
     shutil.copy(other / "rank.key_secret", wrong)
     stop, path = tmp_path / "stop", tmp_path / "r.dagtop"
     recorder = subprocess.Popen(
-        [sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o", str(path), "--auth", str(keys),
+        [sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o", str(path), "--auth", str(keys),
          "--iterations", "10", "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     logs = {name: tmp_path / f"{name}.log" for name in ("keyed", "unkeyed", "wrong")}
     ranks = []
@@ -145,7 +145,7 @@ def test_record_says_when_auth_refused_every_rank(tmp_path: Path, endpoint: str)
     keys, stop = tmp_path / "keys", tmp_path / "stop"
     assert main(["keygen", str(keys)]) == 0
     recorder = subprocess.Popen(
-        [sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o", str(tmp_path / "r.dagtop"),
+        [sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o", str(tmp_path / "r.dagtop"),
          "--auth", str(keys), "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "rank.log"
     rank = _rank(0, 1, endpoint, stop, log, None)

@@ -17,9 +17,9 @@ import bench_scale
 from bench_scale import encode_job, shown_iteration
 
 from dagtop.demo.launch import free_endpoint
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.synthetic import SyntheticJob
-from dagtop.recording import RawFrame
 from instrument import wire
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 
 
 @pytest.mark.parametrize(("argv", "says"), [

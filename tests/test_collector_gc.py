@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from dagtop.io.sources import FrameSource
+from dagtop.model.frames import RawFrame
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.recording import RawFrame
-from dagtop.sources import FrameSource
 from dagtop.ui import collector as collector_module
 from dagtop.ui.collector import Collector
 

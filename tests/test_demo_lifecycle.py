@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from dagtop.demo.launch import DemoJob
-from dagtop.recording import read_recording
+from dagtop.io.recording import read_recording
 from instrument import wire
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def _iterations_recorded(path: Path) -> set[int]:
 
 def test_sigkill_of_a_recording_demo_takes_its_ranks_with_it(tmp_path: Path, marker: str) -> None:
     path = tmp_path / "run.dagtop"
-    demo = subprocess.Popen([sys.executable, "-m", "dagtop.cli", "demo", "--record", str(path),
+    demo = subprocess.Popen([sys.executable, "-m", "dagtop", "demo", "--record", str(path),
                              "--iterations", "100000"], env={**os.environ, MARKER: marker},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -126,7 +126,7 @@ def test_killing_the_terminal_of_a_live_demo_takes_its_ranks_with_it(marker: str
                               check=False)
 
     command = f"env -u COLUMNS -u LINES {MARKER}={marker} " + shlex.join(
-        [sys.executable, "-m", "dagtop.cli", "demo"])
+        [sys.executable, "-m", "dagtop", "demo"])
     assert tmux("new-session", "-d", "-s", "demo", "-x", "120", "-y", "36", command).returncode == 0
     try:
         # A verdict on screen: both ranks are past their rendezvous and training.

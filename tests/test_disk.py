@@ -18,10 +18,11 @@ import pytest
 from conftest import WAIT_S
 from test_record import ListSource, _hello, _iteration
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
+from dagtop.commands.record import record
 from dagtop.exits import Exit
-from dagtop.record import record
-from dagtop.recording import MAGIC, RawFrame, RecordingReader, RecordingWriter, read_recording
+from dagtop.io.recording import MAGIC, RecordingReader, RecordingWriter, read_recording
+from dagtop.model.frames import RawFrame
 from instrument import wire
 from instrument.publisher import Publisher
 
@@ -84,7 +85,7 @@ def test_record_past_the_file_size_limit_exits_4_with_a_readable_file(
 
     path = tmp_path / "r.dagtop"
     recorder = subprocess.Popen(
-        [sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o", str(path), "--timeout", "120"],
+        [sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o", str(path), "--timeout", "120"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     resource.prlimit(recorder.pid, resource.RLIMIT_FSIZE, (LIMIT, LIMIT))  # before any rank sends a frame
     threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]

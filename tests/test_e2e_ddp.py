@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dagtop.demo.launch import DemoJob, record_demo
-from dagtop.recording import read_recording
+from dagtop.io.recording import read_recording
 from instrument import wire
 
 pytestmark = pytest.mark.slow

@@ -18,8 +18,8 @@ from conftest import WAIT_S
 from test_ui_helpers import fake_telemetry, wait_loaded
 
 from dagtop.demo.launch import free_port
-from dagtop.recording import read_recording
-from dagtop.sources import RecordingSource
+from dagtop.io.recording import read_recording
+from dagtop.io.sources import RecordingSource
 from dagtop.ui.app import make_app
 from dagtop.ui.widgets.verdict import Verdict
 from instrument import wire
@@ -50,7 +50,7 @@ def test_an_elastic_restart_keeps_both_runs_and_says_so(tmp_path: Path, endpoint
     env = {**os.environ, "JOB_OUT": str(out), "DAGTOP_ENDPOINT": endpoint, "DAGTOP_TELEMETRY": "0",
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(JOBS)}
     env.pop("DAGTOP_DISABLE", None)
-    recorder = subprocess.Popen([sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o",
+    recorder = subprocess.Popen([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o",
                                  str(recording), "--timeout", str(4 * WAIT_S)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
@@ -102,7 +102,7 @@ def test_an_elastic_restart_keeps_both_runs_and_says_so(tmp_path: Path, endpoint
     assert f" {complete} complete iterations" in summary and f"{len(incarnations)} runs (restarted)" in summary, \
         summary
 
-    report = subprocess.run([sys.executable, "-m", "dagtop.cli", "report", "--json", str(recording)],
+    report = subprocess.run([sys.executable, "-m", "dagtop", "report", "--json", str(recording)],
                             capture_output=True, text=True, timeout=4 * WAIT_S)
     assert report.returncode == 0, report.stderr
     s = json.loads(report.stdout)

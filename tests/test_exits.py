@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import zmq
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.demo import launch
 from dagtop.exits import Exit, table
-from dagtop.sources import ANY_LOCAL_PORT, BindError, ZmqSource
+from dagtop.io.sources import ANY_LOCAL_PORT, BindError, ZmqSource
 
 
 def test_the_table_names_every_status_with_its_number() -> None:

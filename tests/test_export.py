@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.exits import Exit
 
 FIXTURES = Path(__file__).parent.parent / "dagtop" / "fixtures"

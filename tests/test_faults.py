@@ -24,9 +24,10 @@ from conftest import WAIT_S
 from hosts import Host, two_hosts, why_not_here
 
 from dagtop.demo.launch import free_port
+from dagtop.io.folded import load
+from dagtop.io.recording import read_recording
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import RawFrame, read_recording
-from dagtop.report import load
 from instrument import wire
 
 pytestmark = pytest.mark.slow
@@ -66,7 +67,7 @@ class Job:
         return proc
 
     def __enter__(self) -> Self:
-        self.recorder = self._start([sys.executable, "-m", "dagtop.cli", "record", "--bind", self.endpoint, "-o",
+        self.recorder = self._start([sys.executable, "-m", "dagtop", "record", "--bind", self.endpoint, "-o",
                                      str(self.recording), "--timeout", str(4 * WAIT_S)], self.monitor_host)
         port = str(free_port())
         self.ranks = [self._start([sys.executable, str(JOBS / "paced.py"), "--steps", str(self.steps), "--step-ms",
@@ -110,7 +111,7 @@ class Job:
         self._log.close()
 
     def report(self, *args: str) -> dict[str, Any]:
-        run = subprocess.run([sys.executable, "-m", "dagtop.cli", "report", "--json", str(self.recording), *args],
+        run = subprocess.run([sys.executable, "-m", "dagtop", "report", "--json", str(self.recording), *args],
                              capture_output=True, text=True, timeout=4 * WAIT_S)
         assert run.returncode == 0, run.stderr
         return json.loads(run.stdout)  # type: ignore[no-any-return]

@@ -11,8 +11,8 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import RawFrame
 from instrument import wire
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from ranks import RunningJob, start_job
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
+from dagtop.io.recording import RecordingWriter
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import RawFrame, RecordingWriter
 from instrument import wire
 
 pytestmark = pytest.mark.slow

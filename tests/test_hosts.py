@@ -23,7 +23,7 @@ from conftest import WAIT_S
 from hosts import Host, two_hosts, why_not_here
 
 from dagtop.demo.launch import free_port
-from dagtop.report import load
+from dagtop.io.folded import load
 
 OFFSET_S = 7
 """How far host B's monotonic clock is ahead of host A's."""
@@ -58,7 +58,7 @@ def _run_job(a: Host, b: Host, offset_s: int, out: Path) -> tuple[dict, int]:  #
         procs.append(proc)
         return proc
 
-    dagtop = [sys.executable, "-m", "dagtop.cli"]
+    dagtop = [sys.executable, "-m", "dagtop"]
     try:
         recorder = start([*dagtop, "record", "--bind", monitor, "-o", str(recording), "--ranks", "2",
                           "--iterations", str(ITERATIONS - 2), "--timeout", "240"], a)

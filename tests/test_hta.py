@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from test_import import nccl_rank
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 
 COMM_TOLERANCE = 0.05
 """Communication on the critical path, dagtop against HTA: within 5 %."""

@@ -18,14 +18,14 @@ from conftest import Collector
 from ranks import run_job
 from test_agreement import screen_names
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.demo.launch import free_endpoint
 from dagtop.exits import Exit
 from dagtop.interop.importer import import_traces
+from dagtop.io.folded import load
+from dagtop.io.recording import RecordingWriter, read_recording
+from dagtop.io.sources import RecordingSource
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import RecordingWriter, read_recording
-from dagtop.report import load
-from dagtop.sources import RecordingSource
 from instrument import wire
 
 STEPS = 16

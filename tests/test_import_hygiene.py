@@ -22,7 +22,7 @@ def _modules_after(statement: str) -> set[str]:
 
 
 def test_model_layer_does_not_import_textual_or_rich() -> None:
-    loaded = _modules_after("import dagtop.model.pipeline, dagtop.model.synthetic, dagtop.report")
+    loaded = _modules_after("import dagtop.model.pipeline, dagtop.model.synthetic, dagtop.commands.report")
     assert not {"textual", "rich"} & loaded, sorted({"textual", "rich"} & loaded)
 
 

@@ -15,13 +15,14 @@ import pytest
 import zmq
 from conftest import WAIT_S
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
+from dagtop.io.recording import read_notes, read_recording
+from dagtop.io.sources import ZmqSource
 from dagtop.model import admission as admission_module
 from dagtop.model import completion as completion_module
 from dagtop.model.admission import MAX_WORLD, REASONS_KEPT, Admission, reason_of
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import RawFrame, read_notes, read_recording
-from dagtop.sources import ZmqSource
 from instrument import wire
 from instrument.publisher import Publisher
 

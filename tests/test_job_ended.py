@@ -80,7 +80,7 @@ def test_after_the_job_ends_the_lag_stops_and_the_rate_is_zero(tmp_path: Path, s
                               text=True).stdout
 
     command = "env -u COLUMNS -u LINES " + shlex.join(
-        [sys.executable, "-m", "dagtop.cli", "--bind", endpoint, "--metrics-port", f"127.0.0.1:{port}"])
+        [sys.executable, "-m", "dagtop", "--bind", endpoint, "--metrics-port", f"127.0.0.1:{port}"])
     tmux("new-session", "-d", "-s", "dagtop", "-x", str(size[0]), "-y", str(size[1]), command)
     env = {**os.environ, "DAGTOP_ENDPOINT": endpoint, "DAGTOP_TELEMETRY": "0"}
     ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(stop)], env=env,

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from dagtop.commands.record import record
+from dagtop.io.recording import RecordingWriter
+from dagtop.io.sources import FrameSource
 from dagtop.model.admission import Admission
+from dagtop.model.frames import RawFrame
 from dagtop.model.liveness import Liveness
 from dagtop.model.pipeline import Pipeline
-from dagtop.record import record
-from dagtop.recording import RawFrame, RecordingWriter
-from dagtop.sources import FrameSource
 from instrument import wire
 
 S = 1_000_000_000

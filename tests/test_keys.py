@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import zmq
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.exits import Exit
 from instrument.keys import KeyFileError, check_auth, read_key_file
 
@@ -126,7 +126,7 @@ def test_under_umask_000_no_other_user_reads_a_secret_at_any_moment(capsys: pyte
                                   stdout=subprocess.PIPE, text=True)
         try:
             assert reader.stdout is not None and reader.stdout.readline().strip() == "ready"
-            made = subprocess.run(["sh", "-c", 'umask 000 && exec "$0" -m dagtop.cli keygen "$1"', sys.executable,
+            made = subprocess.run(["sh", "-c", 'umask 000 && exec "$0" -m dagtop keygen "$1"', sys.executable,
                                    str(keys)], capture_output=True, text=True, timeout=120)
             assert made.returncode == 0, made.stderr
             out, _ = reader.communicate(timeout=120)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from test_ui_helpers import fake_telemetry, wait_loaded
 
+from dagtop.io.recording import RecordingWriter
+from dagtop.io.sources import RecordingSource
+from dagtop.model.frames import RawFrame
 from dagtop.model.liveness import Liveness, LivenessView, Restart, pid_alive, ranks_text
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import RawFrame, RecordingWriter
-from dagtop.sources import RecordingSource
 from dagtop.ui.app import make_app
 from dagtop.ui.widgets.verdict import Verdict
 from instrument import wire

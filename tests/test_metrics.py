@@ -17,13 +17,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from ranks import run_job
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.demo.launch import free_endpoint, free_port
 from dagtop.exits import Exit
 from dagtop.interop.metrics import MetricsServer
+from dagtop.io.recording import read_recording
 from dagtop.model.liveness import LivenessView
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import read_recording
 
 FIXTURES = Path(__file__).parent.parent / "dagtop" / "fixtures"
 WAIT_S = 120.0
@@ -64,7 +64,7 @@ def test_scraped_while_recording_a_live_job(tmp_path: Path) -> None:
     endpoint, port = free_endpoint(), free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     recorder = subprocess.Popen(
-        [sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o", str(tmp_path / "run.dagtop"),
+        [sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o", str(tmp_path / "run.dagtop"),
          "--metrics-port", f"127.0.0.1:{port}", "--timeout", str(WAIT_S)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     scrapes: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = []

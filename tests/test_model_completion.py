@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from dagtop.commands.record import record
+from dagtop.io.recording import RecordingWriter
+from dagtop.io.sources import FrameSource
 from dagtop.model.admission import Admission
 from dagtop.model.completion import missing
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.record import record
-from dagtop.recording import RawFrame, RecordingWriter
-from dagtop.sources import FrameSource
 from instrument import wire
 
 

@@ -7,9 +7,9 @@ import dataclasses
 import msgpack
 import pytest
 
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.recording import RawFrame
 from instrument import wire
 
 

@@ -16,9 +16,9 @@ from test_ui_app import FakeLiveSource
 from test_ui_helpers import fake_telemetry
 
 from dagtop.demo.launch import free_endpoint
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.recording import RawFrame
 from dagtop.ui.app import DagtopApp, make_app
 from dagtop.ui.widgets.history import History
 from dagtop.ui.widgets.status_bar import StatusBar
@@ -115,17 +115,17 @@ def _niceness_after(code: str, env: dict[str, str]) -> tuple[str, int]:
 ])
 def test_the_monitor_lowers_its_priority_by_default_and_is_told_otherwise(requested: str, env: dict[str, str],
                                                                           lowered_by: int) -> None:
-    said, niceness = _niceness_after(f"from dagtop.cli import lower_priority; print(lower_priority({requested}))", env)
+    said, niceness = _niceness_after(f"from dagtop.commands.cli import lower_priority; print(lower_priority({requested}))", env)
     assert said == "None"
     assert niceness == min(19, os.nice(0) + lowered_by)
 
 
 def test_a_bad_dagtop_nice_is_one_line_and_leaves_the_priority() -> None:
-    said, niceness = _niceness_after("from dagtop.cli import lower_priority; print(lower_priority(None))",
+    said, niceness = _niceness_after("from dagtop.commands.cli import lower_priority; print(lower_priority(None))",
                                      {"DAGTOP_NICE": "lots"})
     assert said == "DAGTOP_NICE=lots: not a whole number: 'lots'"
     assert niceness == os.nice(0)
-    run = subprocess.run([sys.executable, "-m", "dagtop.cli", "record", "-o", os.devnull, "--timeout", "1"],
+    run = subprocess.run([sys.executable, "-m", "dagtop", "record", "-o", os.devnull, "--timeout", "1"],
                          capture_output=True, text=True, env={**os.environ, "DAGTOP_NICE": "lots"}, timeout=WAIT_S)
     assert run.returncode == 2
     assert run.stderr == "dagtop: DAGTOP_NICE=lots: not a whole number: 'lots'\n"
@@ -134,7 +134,7 @@ def test_a_bad_dagtop_nice_is_one_line_and_leaves_the_priority() -> None:
 @pytest.mark.parametrize(("argv", "lowered_by"), [([], 10), (["--nice", "2"], 2)])
 def test_dagtop_record_runs_niced(tmp_path: Path, argv: list[str], lowered_by: int) -> None:
     endpoint = free_endpoint()
-    recorder = subprocess.Popen([sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o",
+    recorder = subprocess.Popen([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o",
                                  str(tmp_path / "run.dagtop"), "--timeout", str(WAIT_S), *argv],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={k: v for k, v in os.environ.items() if k != "DAGTOP_NICE"})

@@ -13,9 +13,10 @@ import torch
 from test_ui_helpers import two_rank_iteration
 
 import instrument
-from dagtop.cli import main
+from dagtop.commands.cli import main
+from dagtop.io.recording import RecordingWriter
+from dagtop.model.frames import RawFrame
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.recording import RawFrame, RecordingWriter
 from dagtop.ui.renderables.verdict import headline
 from instrument import wire
 

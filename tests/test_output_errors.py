@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from test_import import _write, nccl_rank
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.exits import Exit
-from dagtop.output import OutputError, whole_file
-from dagtop.recording import read_recording
+from dagtop.io.output import OutputError, whole_file
+from dagtop.io.recording import read_recording
 
 FIXTURE = Path(__file__).parent.parent / "dagtop" / "fixtures" / "demo-allreduce.dagtop"
 
@@ -28,7 +28,7 @@ def _dagtop(*args: str, fsize: int | None = None) -> subprocess.CompletedProcess
         if fsize is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    return subprocess.run([sys.executable, "-m", "dagtop.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dagtop", *args], capture_output=True, text=True,
                           preexec_fn=limit, timeout=300)
 
 

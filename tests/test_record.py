@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from dagtop.cli import main
-from dagtop.record import record
-from dagtop.recording import RawFrame, RecordingWriter, read_recording
-from dagtop.sources import FrameSource
+from dagtop.commands.cli import main
+from dagtop.commands.record import record
+from dagtop.io.recording import RecordingWriter, read_recording
+from dagtop.io.sources import FrameSource
+from dagtop.model.frames import RawFrame
 from instrument import wire
 from instrument.publisher import Publisher
 

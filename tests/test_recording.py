@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dagtop.recording import MAGIC, RawFrame, RecordingError, RecordingReader, RecordingWriter, read_recording
-from dagtop.sources import RecordingSource
+from dagtop.io.recording import MAGIC, RecordingError, RecordingReader, RecordingWriter, read_recording
+from dagtop.io.sources import RecordingSource
+from dagtop.model.frames import RawFrame
 
 FRAMES = [RawFrame(1_000 + i, bytes([i]) * (i * 7)) for i in range(10)]
 

@@ -7,8 +7,8 @@ import time
 
 from test_ui_helpers import fake_telemetry
 
-from dagtop.recording import RawFrame
-from dagtop.sources import FrameSource
+from dagtop.io.sources import FrameSource
+from dagtop.model.frames import RawFrame
 from dagtop.ui.app import make_app
 from dagtop.ui.widgets.status_bar import StatusBar
 

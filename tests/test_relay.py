@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import WAIT_S
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
 from dagtop.demo.launch import free_endpoint
-from dagtop.recording import read_recording
-from dagtop.relay import Relay
-from dagtop.sources import BindError, ZmqSource
+from dagtop.io.recording import read_recording
+from dagtop.io.relay import Relay
+from dagtop.io.sources import BindError, ZmqSource
 from instrument import wire
 from instrument.publisher import Publisher
 from tests.ranks import run_job
@@ -109,10 +109,10 @@ def test_a_real_job_recorded_through_the_relay_command(tmp_path: Path) -> None:
     relay_bind = free_endpoint()
     log = tmp_path / "relay.log"
     with open(log, "wb") as sink:
-        relay = subprocess.Popen([sys.executable, "-m", "dagtop.cli", "relay", "--bind", relay_bind, "--to", monitor,
+        relay = subprocess.Popen([sys.executable, "-m", "dagtop", "relay", "--bind", relay_bind, "--to", monitor,
                                   "--every", "0"], stdout=sink, stderr=subprocess.STDOUT)
     path = tmp_path / "run.dagtop"
-    recorder = subprocess.Popen([sys.executable, "-m", "dagtop.cli", "record", "--bind", monitor, "-o", str(path),
+    recorder = subprocess.Popen([sys.executable, "-m", "dagtop", "record", "--bind", monitor, "-o", str(path),
                                  "--ranks", "2", "--iterations", "4", "--timeout", "120"])
     try:
         deadline = time.monotonic() + WAIT_S

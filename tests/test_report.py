@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
+from dagtop.io.recording import MAGIC, RecordingWriter
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.summary import summarize
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.recording import MAGIC, RecordingWriter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "dagtop" / "fixtures"
 KEYS = {"ranks", "iterations", "iteration_ms", "critical_path", "bottleneck", "straggler",
@@ -144,10 +144,10 @@ def test_real_demo_end_to_end(tmp_path: Path, args: list[str], category: str, st
     for most iterations, and then naming it is right (test_critical_path.py and test_verdict.py hold the balanced
     case exactly)."""
     rec = tmp_path / "demo.dagtop"
-    run = subprocess.run([sys.executable, "-m", "dagtop.cli", "demo", "--record", str(rec), "--iterations", "20",
+    run = subprocess.run([sys.executable, "-m", "dagtop", "demo", "--record", str(rec), "--iterations", "20",
                           *args], capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stderr[-2000:]
-    out = subprocess.run([sys.executable, "-m", "dagtop.cli", "report", str(rec), "--json"],
+    out = subprocess.run([sys.executable, "-m", "dagtop", "report", str(rec), "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)
@@ -162,7 +162,7 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     """`dagtop report FILE | head`: the pipe closes under the report; that is not a crash."""
     for unbuffered in ("1", ""):
         env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
-        report = subprocess.Popen([sys.executable, "-m", "dagtop.cli", "report", str(FIXTURES / "demo-io.dagtop")],
+        report = subprocess.Popen([sys.executable, "-m", "dagtop", "report", str(FIXTURES / "demo-io.dagtop")],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         assert report.stdout is not None and report.stderr is not None
         report.stdout.close()  # the reader is gone before the first line is written

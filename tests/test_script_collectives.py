@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from ranks import complete, report, run_job
 
-from dagtop.recording import RawFrame
+from dagtop.model.frames import RawFrame
 from instrument import wire
 from instrument.events import SCRIPT
 

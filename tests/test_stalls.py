@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from dagtop.demo.launch import DemoJob, free_port
+from dagtop.io.recording import read_recording
 from dagtop.model.liveness import LivenessView
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import read_recording
 from instrument import wire
 
 pytestmark = pytest.mark.slow
@@ -156,7 +156,7 @@ def _heartbeats(path: Any, rank: int) -> int:
 
 def test_dagtop_record_keeps_the_heartbeats_and_report_lists_the_stall(tmp_path: Any, endpoint: str) -> None:
     path = tmp_path / "stall.dagtop"
-    recorder = subprocess.Popen([sys.executable, "-m", "dagtop.cli", "record", "--bind", endpoint, "-o", str(path),
+    recorder = subprocess.Popen([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o", str(path),
                                  "--iterations", "1000000", "--timeout", str(WAIT_S)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     job = DemoJob(endpoint, ranks=2)
@@ -188,7 +188,7 @@ def test_dagtop_record_keeps_the_heartbeats_and_report_lists_the_stall(tmp_path:
         except subprocess.TimeoutExpired:
             recorder.kill()
             recorder.wait()
-    report = subprocess.run([sys.executable, "-m", "dagtop.cli", "report", "--json", str(path)], capture_output=True,
+    report = subprocess.run([sys.executable, "-m", "dagtop", "report", "--json", str(path)], capture_output=True,
                             text=True, timeout=WAIT_S)
     assert report.returncode == 0, report.stderr
     stalls = json.loads(report.stdout)["stalls"]
@@ -197,6 +197,6 @@ def test_dagtop_record_keeps_the_heartbeats_and_report_lists_the_stall(tmp_path:
     assert stall["holders"][0]["silent_s"] >= 5 and stall["iteration"] >= 5 and stall["holders"][0]["task"]
     [waiting] = stall["waiting"]
     assert waiting["ranks"] == [0] and waiting["task"].startswith("all-reduce bucket "), stall
-    text = subprocess.run([sys.executable, "-m", "dagtop.cli", "report", str(path)], capture_output=True, text=True,
+    text = subprocess.run([sys.executable, "-m", "dagtop", "report", str(path)], capture_output=True, text=True,
                           timeout=WAIT_S)
     assert "rank 1 held the job (silent" in text.stdout and "rank 0 waiting in all-reduce bucket" in text.stdout

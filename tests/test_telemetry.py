@@ -17,19 +17,20 @@ import msgpack
 import pynvml
 import pytest
 
-from dagtop.cli import main
-from dagtop.model.pipeline import Pipeline
-from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.record import record
-from dagtop.recording import RawFrame, RecordingWriter
-from dagtop.sources import FrameSource, RecordingSource
-from dagtop.telemetry import (
+from dagtop.commands.cli import main
+from dagtop.commands.record import record
+from dagtop.io.recording import RecordingWriter
+from dagtop.io.sources import FrameSource, RecordingSource
+from dagtop.io.telemetry import (
     HostSample,
     TelemetrySample,
     TelemetrySampler,
     job_nodes,
     rank_label,
 )
+from dagtop.model.frames import RawFrame
+from dagtop.model.pipeline import Pipeline
+from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from dagtop.ui.app import make_app
 from dagtop.ui.renderables.telemetry import nodes_text, panel_text, panel_title
 from dagtop.ui.widgets.telemetry import Telemetry
@@ -55,7 +56,7 @@ def test_real_pynvml_on_this_machine_never_raises() -> None:
 
 def test_host_rates_are_per_second_between_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     counters: dict[str, Any] = {"t": 0.0, "read": 0, "sent": 0}
-    from dagtop import telemetry
+    from dagtop.io import telemetry
 
     monkeypatch.setattr(telemetry.psutil, "disk_io_counters",
                         lambda: types.SimpleNamespace(read_bytes=counters["read"], write_bytes=0))
@@ -115,7 +116,7 @@ def test_gpu_fields_are_converted_and_unsupported_ones_left_empty() -> None:
 def test_telemetry_module_does_not_pull_in_textual() -> None:
     import subprocess
 
-    code = "import dagtop.telemetry, sys; print('textual' in sys.modules)"
+    code = "import dagtop.io.telemetry, sys; print('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -11,10 +11,10 @@ from test_ui_modals import SIZES, drawn, opened, plain, words
 from textual.pilot import Pilot
 from textual.widget import Widget
 
-from dagtop.advise import advice_of
+from dagtop.io.sources import RecordingSource
 from dagtop.model.advice import Advice, Kind
+from dagtop.model.advice_text import advice_of
 from dagtop.model.cost import CostTerms, FixOrBuy, Waste
-from dagtop.sources import RecordingSource
 from dagtop.ui.app import DagtopApp, make_app
 from dagtop.ui.renderables.advice import AdviceDetails
 from dagtop.ui.screens.advice import AdviceScreen

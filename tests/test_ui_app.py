@@ -9,9 +9,9 @@ from typing import ClassVar
 
 from test_ui_helpers import fake_telemetry, fixture, wait_loaded
 
+from dagtop.io.sources import FrameSource, RecordingSource
+from dagtop.model.frames import RawFrame
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.recording import RawFrame
-from dagtop.sources import FrameSource, RecordingSource
 from dagtop.ui.app import DagtopApp, make_app
 from dagtop.ui.collector import Collector
 from dagtop.ui.screens.help import HelpScreen

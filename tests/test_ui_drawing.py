@@ -20,9 +20,9 @@ from test_ui_helpers import (
     two_rank_iteration,
 )
 
+from dagtop.io.sources import FrameSource
+from dagtop.model.frames import RawFrame
 from dagtop.model.snapshot import IterationAnalysis, RankInfo
-from dagtop.recording import RawFrame
-from dagtop.sources import FrameSource
 from dagtop.ui.app import make_app
 from dagtop.ui.palette import STRAGGLER_COLOUR
 from dagtop.ui.renderables.history import AXIS_WIDTH, bar_widths, history_lines

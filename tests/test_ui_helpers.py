@@ -10,10 +10,10 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
+from dagtop.io.telemetry import HostSample, TelemetrySample
 from dagtop.model.change import Change
 from dagtop.model.snapshot import Collective, IterationAnalysis, RankRow, Segment, Snapshot, Straggler, WhatIf
 from dagtop.model.tasks import Task
-from dagtop.telemetry import HostSample, TelemetrySample
 from dagtop.ui.app import DagtopApp
 
 MS = 1_000_000

@@ -39,7 +39,7 @@ def _said(headline: str) -> tuple[str, bool] | None:
 
 def test_a_balanced_jobs_headline_names_no_straggler_and_never_flips(endpoint: str) -> None:
     session = f"dagtop-live-{uuid.uuid4().hex[:8]}"
-    command = "env -u COLUMNS -u LINES " + shlex.join([sys.executable, "-m", "dagtop.cli", "--bind", endpoint])
+    command = "env -u COLUMNS -u LINES " + shlex.join([sys.executable, "-m", "dagtop", "--bind", endpoint])
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "36", f"{command}; echo DAGTOP-EXIT=$?; sleep 30")
     _wait_for(session, "waiting for", START_S)  # bound before the ranks start: none of their frames is lost
     job = start_job("steady.py", "--seconds", str(WATCHED_S + 60), endpoint=endpoint)

@@ -13,13 +13,13 @@ from test_ui_helpers import fake_telemetry
 from textual.pilot import Pilot
 from textual.widget import Widget
 
-from dagtop.cli import main
+from dagtop.commands.cli import main
+from dagtop.io.sources import FrameSource
 from dagtop.model import lateness
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import IterationAnalysis
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.recording import RawFrame
-from dagtop.sources import FrameSource
 from dagtop.ui.app import DagtopApp, make_app
 from dagtop.ui.renderables.heatmap import heatmap_rows
 from dagtop.ui.renderables.timeline import timeline_rows

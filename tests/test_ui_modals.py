@@ -14,8 +14,8 @@ from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.widget import Widget
 
+from dagtop.io.sources import RecordingSource
 from dagtop.model.change import Change
-from dagtop.sources import RecordingSource
 from dagtop.ui.app import DagtopApp, make_app
 from dagtop.ui.screens.help import KEYS, PANELS, HelpScreen, help_renderable
 from dagtop.ui.screens.what_if import WhatIfDetails, WhatIfScreen

@@ -30,7 +30,7 @@ class Terminal:
         self.session = "dagtop"
         # COLUMNS/LINES (set by pytest and some shells) would override the pane size.
         command = "env -u COLUMNS -u LINES " + shlex.join(
-            [sys.executable, "-m", "dagtop.cli", "replay", str(fixture("straggler1-io")), "--speed", "0"])
+            [sys.executable, "-m", "dagtop", "replay", str(fixture("straggler1-io")), "--speed", "0"])
         self.tmux("new-session", "-d", "-s", self.session, "-x", str(columns), "-y", str(rows),
                   f"{command}; echo DAGTOP-EXIT=$?; sleep 60")
 

@@ -9,12 +9,12 @@ from rich.console import Console
 from rich.style import Style
 from test_ui_helpers import snapshot_of, two_rank_iteration
 
+from dagtop.io.telemetry import GpuSample, TelemetrySample
 from dagtop.model.change import Change
 from dagtop.model.liveness import LivenessView
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import RankRow, SteadyStraggler, SteadyVerdict, Straggler, WhatIf
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
-from dagtop.telemetry import GpuSample, TelemetrySample
 from dagtop.ui.palette import CATEGORY_COLOURS, colour, legend
 from dagtop.ui.renderables.history import history_lines
 from dagtop.ui.renderables.rank_table import rank_table, visible_rows

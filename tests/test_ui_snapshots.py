@@ -9,7 +9,7 @@ from typing import Any
 from test_ui_helpers import fixture, wait_loaded
 from textual.pilot import Pilot
 
-from dagtop.sources import RecordingSource
+from dagtop.io.sources import RecordingSource
 from dagtop.ui.app import DagtopApp, make_app
 
 

@@ -61,7 +61,7 @@ def _wait_for(session: str, needle: str, timeout_s: float) -> str:
 def test_replay_in_tmux_shows_verdict_ranks_and_categories_and_q_quits() -> None:
     session = f"dagtop-test-{uuid.uuid4().hex[:8]}"
     # COLUMNS/LINES (set by pytest and some shells) would override the pane size.
-    command = "env -u COLUMNS -u LINES " + shlex.join([sys.executable, "-m", "dagtop.cli", "replay", str(fixture("straggler1-io")), "--speed", "0"])
+    command = "env -u COLUMNS -u LINES " + shlex.join([sys.executable, "-m", "dagtop", "replay", str(fixture("straggler1-io")), "--speed", "0"])
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "36", f"{command}; echo DAGTOP-EXIT=$?; sleep 30")
     screen = _wait_for(session, "iteration 29", SCREEN_WAIT_S)  # the recording's last
     assert "io on the critical path" in screen
@@ -110,7 +110,7 @@ def test_live_demo_in_tmux_shows_its_bottleneck_and_q_stops_the_job(flags: list[
     session = f"dagtop-demo-{uuid.uuid4().hex[:8]}"
     marker = uuid.uuid4().hex
     command = f"env -u COLUMNS -u LINES DAGTOP_TEST_DEMO={marker} " + shlex.join(
-        [sys.executable, "-m", "dagtop.cli", "demo", *flags])
+        [sys.executable, "-m", "dagtop", "demo", *flags])
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "36", f"{command}; echo DAGTOP-EXIT=$?; sleep 30")
     deadline = time.monotonic() + SCREEN_WAIT_S
     screen = _capture(session)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dagtop.recording import read_recording
+from dagtop.io.recording import read_recording
 from instrument import wire
 from instrument.schema import Int, Str, layout_of
 from instrument.wire_docs import markdown

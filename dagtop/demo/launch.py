@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import IO
 
+from dagtop.commands.record import ProgressLine, record
 from dagtop.demo.job import MONITOR_PID_ENV
 from dagtop.exits import Exit
-from dagtop.record import ProgressLine, record
-from dagtop.recording import RecordingWriter
-from dagtop.sources import ANY_LOCAL_PORT, BindError, ZmqSource
+from dagtop.io.recording import RecordingWriter
+from dagtop.io.sources import ANY_LOCAL_PORT, BindError, ZmqSource
 
 DEFAULT_RECORD_ITERATIONS = 50
 SILENCE_TIMEOUT_S = 60.0
@@ -39,7 +39,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def free_endpoint() -> str:
     """An endpoint on a port that was free a moment ago, for tests and benchmarks that name it before they bind it.
-    ``dagtop demo`` does not race: it binds :data:`~dagtop.sources.ANY_LOCAL_PORT` and tells its ranks the port."""
+    ``dagtop demo`` does not race: it binds :data:`~dagtop.io.sources.ANY_LOCAL_PORT` and tells its ranks the port."""
     return f"tcp://127.0.0.1:{free_port()}"
 
 
@@ -160,7 +160,7 @@ def record_demo(job: DemoJob, path: str | os.PathLike[str], iterations: int, pro
 
     Args:
         source: bound already on ``job.endpoint`` (``dagtop demo`` binds before it knows the port); default: bind
-            ``job.endpoint`` here, raising :class:`~dagtop.sources.BindError` if it cannot.
+            ``job.endpoint`` here, raising :class:`~dagtop.io.sources.BindError` if it cannot.
     """
     if source is None:
         source = ZmqSource(job.endpoint)

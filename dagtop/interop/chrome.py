@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from dagtop.exits import Exit
+from dagtop.io.folded import load
+from dagtop.io.output import OutputError, whole_file
+from dagtop.io.recording import RecordingError
 from dagtop.model.snapshot import IterationAnalysis
 from dagtop.model.summary import summarize
-from dagtop.output import OutputError, whole_file
-from dagtop.recording import RecordingError
-from dagtop.report import load
 
 LANE_ORDER = ("main", "gpu", "copy", "comm")
 FLOW_CATEGORY = "collective"

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from dagtop.exits import Exit
 from dagtop.interop.iterations import RankIterations, lift
 from dagtop.interop.kineto import TraceError, read_trace
-from dagtop.output import OutputError, whole_file
-from dagtop.recording import RawFrame, RecordingWriter
+from dagtop.io.output import OutputError, whole_file
+from dagtop.io.recording import RecordingWriter
+from dagtop.model.frames import RawFrame
 from instrument import wire
 from instrument.events import Event
 

@@ -16,13 +16,13 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from dagtop.advise import advice_of
+from dagtop.io.sources import FrameSource
+from dagtop.model.advice_text import advice_of
 from dagtop.model.analysis import segments_ms
 from dagtop.model.cost import NO_TERMS, CostTerms
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import Snapshot
-from dagtop.recording import RawFrame
-from dagtop.sources import FrameSource
 from instrument.events import CATEGORIES
 
 WINDOW = 20

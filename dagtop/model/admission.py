@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from dagtop.model.frames import RawFrame
 from dagtop.model.jobs import MAX_WORLD, Jobs, Losses, RankState, Run, sender_key
-from dagtop.recording import RawFrame
 from instrument import wire
 
 __all__ = ["HOLD_BYTES", "HOLD_LIMIT", "MAX_WORLD", "MISSING_LIMIT", "OTHER_REASONS", "REASONS_KEPT", "Admission",

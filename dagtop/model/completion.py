@@ -15,11 +15,11 @@ from dagtop.model import verdict
 from dagtop.model.admission import Admission
 from dagtop.model.analysis import analyse
 from dagtop.model.clocks import ClockAligner
+from dagtop.model.frames import RawFrame
 from dagtop.model.interference import InterferenceFit
 from dagtop.model.snapshot import WARM_UP, IterationAnalysis
 from dagtop.model.tasks import NO_TASKS
 from dagtop.model.whatif import CommFit, transfers
-from dagtop.recording import RawFrame
 from instrument import wire
 
 _REMEMBERED = 65_536

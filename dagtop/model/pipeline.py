@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from dagtop.model.admission import Admission, RankState
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.completion import Completion
+from dagtop.model.frames import RawFrame
 from dagtop.model.jobs import describe_job
 from dagtop.model.liveness import Liveness
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
-from dagtop.recording import RawFrame
 from instrument import wire
 
 TASK_BUDGET = 2_000_000

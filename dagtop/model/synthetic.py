@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dagtop.model.buckets import ddp_buckets
-from dagtop.recording import RawFrame
+from dagtop.model.frames import RawFrame
 from instrument import wire
 
 _MS = 1_000_000

@@ -14,13 +14,13 @@ from textual.reactive import reactive
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from dagtop.advise import advice_of
 from dagtop.exits import Exit
+from dagtop.io.sources import FrameSource
+from dagtop.io.telemetry import Sampler
+from dagtop.model.advice_text import advice_of
 from dagtop.model.cost import NO_TERMS, CostTerms
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import EMPTY_SNAPSHOT, IterationAnalysis, Snapshot
-from dagtop.sources import FrameSource
-from dagtop.telemetry import Sampler
 from dagtop.ui.collector import Collector
 from dagtop.ui.keys import RANK_SCROLL_KEYS, SCREEN_KEYS
 from dagtop.ui.renderables.status import job_ended
@@ -282,7 +282,7 @@ def make_app(source: FrameSource, *, source_label: str | None = None, expected_r
     """The app on ``source``: the CLI, the tests and the screenshot script all build it here.
 
     Args:
-        source: a live :class:`~dagtop.sources.ZmqSource` or a :class:`~dagtop.sources.RecordingSource`.
+        source: a live :class:`~dagtop.io.sources.ZmqSource` or a :class:`~dagtop.io.sources.RecordingSource`.
         source_label: how the status line names the source (default: its endpoint or file).
         expected_ranks: ranks to wait for (default: the ranks' hellos say).
         sampler: telemetry; tests pass a fake so screenshots do not depend on the machine.

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dagtop.io.sources import FrameSource
+from dagtop.io.telemetry import Sampler, TelemetrySample
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import EMPTY_SNAPSHOT, Snapshot
-from dagtop.recording import RawFrame
-from dagtop.sources import FrameSource
-from dagtop.telemetry import Sampler, TelemetrySample
 
 POLL_S = 0.1
 """Longest wait for frames in one poll: also how soon a cancel is noticed."""

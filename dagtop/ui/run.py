@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dagtop.advise import terms_of
-from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
+from dagtop.io.auth import AuthError, monitor_auth
+from dagtop.io.recording import RecordingError
+from dagtop.io.sources import BindError, FrameSource, RecordingSource, ZmqSource
+from dagtop.io.telemetry import TelemetrySampler
+from dagtop.model.advice_text import terms_of
 from dagtop.model.pipeline import Pipeline
-from dagtop.recording import RecordingError
-from dagtop.sources import BindError, FrameSource, RecordingSource, ZmqSource
-from dagtop.telemetry import TelemetrySampler
 from dagtop.ui.app import FRAME_INTERVAL_S, DagtopApp, make_app
 
 

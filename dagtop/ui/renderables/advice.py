@@ -7,8 +7,8 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
-from dagtop.advise import candidate_rows, cost_rows, little_line, waste_line
 from dagtop.model.advice import Advice, Confidence
+from dagtop.model.advice_text import candidate_rows, cost_rows, little_line, waste_line
 from dagtop.model.cost import FixOrBuy
 
 NARROW = 90

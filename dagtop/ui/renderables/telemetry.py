@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from rich.text import Text
 
-from dagtop.telemetry import (
+from dagtop.io.telemetry import (
     GpuSample,
     Node,
     TelemetrySample,
@@ -186,7 +186,7 @@ def nodes_text(nodes: Sequence[Node], width: int = 36, height: int = 8) -> Text:
 
 
 def telemetry_text(sample: TelemetrySample | None, width: int = 36, height: int = 8) -> Text:
-    """The monitor's own machine (its sample from :class:`~dagtop.telemetry.TelemetrySampler`)."""
+    """The monitor's own machine (its sample from :class:`~dagtop.io.telemetry.TelemetrySampler`)."""
     if sample is None:
         return Text("sampling…", style="dim")
     return nodes_text(monitor_nodes(sample), width, height)

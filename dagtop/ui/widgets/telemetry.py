@@ -8,7 +8,7 @@ from rich.console import RenderableType
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from dagtop.telemetry import TelemetrySample
+from dagtop.io.telemetry import TelemetrySample
 from dagtop.ui.renderables.telemetry import panel_text, panel_title
 from instrument import wire
 

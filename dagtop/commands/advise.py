@@ -1,7 +1,8 @@
 """``dagtop advise``: what to change in a recorded job and what it is worth, as text or JSON (docs/report.md).
 
 The same advice is a section of ``dagtop report``, a screen of the live monitor (``a``) and Prometheus gauges; this
-module words it for all of them: :func:`advice_json` the JSON, :func:`write_advice` the text.
+module words it for the two commands (:func:`advice_json` the JSON, :func:`write_advice` the text) from the rows and
+lines all of them share (:mod:`dagtop.model.advice_text`).
 """
 
 from __future__ import annotations
@@ -13,21 +14,9 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from dagtop.exits import Exit
-from dagtop.model.advice import MIN_GAIN, Advice, Candidate, Confidence, advise
-from dagtop.model.cost import CostTerms, EpochCost, FixOrBuy, fix_or_buy
-from dagtop.model.snapshot import IterationAnalysis, Snapshot
-
-
-def terms_of(args: argparse.Namespace) -> CostTerms:
-    """The cost options of any command that has them (absent ones are None)."""
-    return CostTerms(getattr(args, "gpu_hour_price", None), getattr(args, "epoch_samples", None),
-                     getattr(args, "batch_size", None))
-
-
-def advice_of(snap: Snapshot, analyses: Sequence[IterationAnalysis], terms: CostTerms) -> tuple[Advice, FixOrBuy]:
-    """The advice over ``analyses`` (a snapshot's, or a report's range), priced."""
-    advice = advise(analyses, snap.ranks, snap.buckets, snap.telemetry)
-    return advice, fix_or_buy(advice, analyses, snap.ranks, terms)
+from dagtop.model.advice import Advice, Candidate
+from dagtop.model.advice_text import advice_of, candidate_rows, cost_rows, little_line, terms_of, waste_line
+from dagtop.model.cost import EpochCost, FixOrBuy
 
 
 def _cost(e: EpochCost | None) -> dict[str, Any] | None:
@@ -81,72 +70,6 @@ def _bytes(sizes: Sequence[int], counts: Sequence[int]) -> list[int]:
     return out
 
 
-def _money(e: EpochCost, price: float | None) -> str:
-    return f"${e.dollars:,.2f}" if e.dollars is not None and price is not None else "—"
-
-
-def hours(h: float) -> str:
-    """An epoch's length as a person says it: ``42 s``, ``3.5 min``, ``2.1 h``, ``3.2 days``."""
-    s = h * 3600
-    if s < 90:
-        return f"{s:.0f} s"
-    if h < 1.5:
-        return f"{s / 60:.1f} min"
-    return f"{h:.1f} h" if h < 48 else f"{h / 24:.1f} days"
-
-
-def candidate_rows(advice: Advice) -> list[tuple[str, str, str, str, str]]:
-    """(change, step ms, range, throughput, confidence) for each predicted candidate, fixes then buys."""
-    rows = []
-    for c in (*advice.fixes, *advice.buys):
-        if c.step_ms is None:
-            continue
-        span = f"{c.range_ms[0]:.1f}–{c.range_ms[1]:.1f}" if c.range_ms else ""
-        gain = c.gain + (f" ({(c.efficiency or 0) * 100:.0f} % eff.)" if c.workers > 1 else "")
-        mark = "" if c.confidence is Confidence.VALIDATED else "?"
-        rows.append((c.title, f"{c.step_ms:.1f}", span, gain, f"{c.confidence}{mark}"))
-    return rows
-
-
-def cost_rows(priced: FixOrBuy) -> list[tuple[str, str, str, str, str]]:
-    """(change, epoch, GPU-hours, cost, GPU-hours against now) per priced row, ``now`` first."""
-    if priced.now is None:
-        return []
-    price = priced.terms.gpu_hour_price
-    out = [("now", hours(priced.now.hours), gpu_time(priced.now.gpu_hours), _money(priced.now, price), "")]
-    for c, e in priced.rows:
-        out.append((c.title, hours(e.hours), gpu_time(e.gpu_hours), _money(e, price),
-                    f"×{e.gpu_hours / priced.now.gpu_hours:.2f}" if priced.now.gpu_hours else ""))
-    return out
-
-
-def gpu_time(h: float) -> str:
-    """GPU-hours in the unit that reads best: ``40 GPU-s``, ``3.2 GPU-min``, ``1.25 GPU-h``."""
-    if h * 3600 < 90:
-        return f"{h * 3600:.3g} GPU-s"
-    return f"{h * 60:.3g} GPU-min" if h < 1.5 else f"{h:.3g} GPU-h"
-
-
-def little_line(advice: Advice) -> str:
-    """The fixes considered and not advised: each predicted to gain under 2 %."""
-    return (f"under {MIN_GAIN * 100:.0f} %, not advised: "
-            + ", ".join(f"{c.title} {c.gain}" for c in advice.little))
-
-
-def waste_line(priced: FixOrBuy) -> str:
-    """GPU-hours lost so far, by cause (each alone: they overlap)."""
-    w = priced.waste
-    if not w.iterations:
-        return "waste: no steady iteration yet"
-    share = (lambda x: f"{x / w.gpu_hours * 100:.0f} %") if w.gpu_hours else (lambda x: "—")
-    price = priced.terms.gpu_hour_price
-    dollars = (lambda x: f", ${x * price:,.2f}") if price is not None else (lambda x: "")
-    return (f"waste so far ({w.iterations} iterations, {gpu_time(w.gpu_hours)}{dollars(w.gpu_hours)}): exposed "
-            f"communication {gpu_time(w.communication)} ({share(w.communication)}), loading {gpu_time(w.loading)} "
-            f"({share(w.loading)}), straggler {gpu_time(w.straggler)} ({share(w.straggler)}); each alone: they "
-            "overlap")
-
-
 def write_advice(advice: Advice, priced: FixOrBuy, out: TextIO, details: bool = True) -> None:
     """The advice as a person reads it: the best change and its gain first."""
     w = out.write
@@ -196,7 +119,7 @@ def write_advice(advice: Advice, priced: FixOrBuy, out: TextIO, details: bool = 
 
 def run_advise(args: argparse.Namespace) -> int:
     """The ``advise`` command: 0 on success, 2 when the file cannot be read as a recording."""
-    from dagtop.report import open_recording, select
+    from dagtop.commands.report import open_recording, select
 
     opened = open_recording("advise", str(args.file), getattr(args, "bandwidth", None))
     if isinstance(opened, int):

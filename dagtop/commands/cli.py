@@ -14,7 +14,7 @@ from typing import Any
 
 from dagtop import __version__
 from dagtop.exits import Exit, table
-from dagtop.sources import DEFAULT_ENDPOINT
+from dagtop.io.sources import DEFAULT_ENDPOINT
 
 BOTTLENECKS = ("none", "io", "compute", "allreduce", "pcie")
 NICE_ENV = "DAGTOP_NICE"
@@ -307,19 +307,19 @@ def _run(args: argparse.Namespace) -> int:
             print(f"dagtop: {problem}", file=sys.stderr)
             return Exit.USAGE
     if args.command == "keygen":
-        from dagtop.auth import run_keygen
+        from dagtop.io.auth import run_keygen
 
         return run_keygen(args)
     if args.command == "record":
-        from dagtop.record import run_record
+        from dagtop.commands.record import run_record
 
         return run_record(args)
     if args.command == "report":
-        from dagtop.report import run_report
+        from dagtop.commands.report import run_report
 
         return run_report(args)
     if args.command == "advise":
-        from dagtop.advise import run_advise
+        from dagtop.commands.advise import run_advise
 
         return run_advise(args)
     if args.command == "demo":
@@ -335,7 +335,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_export(args)
     if args.command == "relay":
-        from dagtop.relay import run_relay
+        from dagtop.io.relay import run_relay
 
         return run_relay(args)
     if args.command == "replay":
@@ -346,6 +346,3 @@ def _run(args: argparse.Namespace) -> int:
 
     return run_live(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,13 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from dagtop.advise import advice_json, advice_of, terms_of, write_advice
+from dagtop.commands.advise import advice_json, write_advice
 from dagtop.exits import Exit
+from dagtop.io.folded import load
+from dagtop.io.recording import RecordingError, read_notes
+from dagtop.model.advice_text import advice_of, terms_of
 from dagtop.model.liveness import Holder, Stall, ranks_text, where
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import IterationAnalysis
 from dagtop.model.summary import collectives, summarize
-from dagtop.recording import RecordingError, RecordingReader, read_notes
 
 COLLECTIVES_SHOWN = 5
 """The text report names this many collectives, those holding the most of the critical path."""
@@ -33,21 +35,6 @@ def select(analyses: Sequence[IterationAnalysis], iterations: tuple[int | None, 
         return chosen or list(analyses)
     lo, hi = iterations
     return [a for a in analyses if (lo is None or a.iteration >= lo) and (hi is None or a.iteration < hi)]
-
-
-def load(path: str, bandwidth_gbps: float | None = None) -> tuple[Pipeline, bool]:
-    """Fold a whole recording into a pipeline with an unbounded window; (pipeline, tail cut short)."""
-    reader = RecordingReader(path)
-    pipeline = Pipeline(window=None, bandwidth_gbps=bandwidth_gbps)
-    batch = []
-    for frame in reader:
-        batch.append(frame)
-        if len(batch) >= 1000:
-            pipeline.feed(batch)
-            batch = []
-    pipeline.feed(batch)
-    pipeline.finish()
-    return pipeline, reader.truncated
 
 
 def intake_of(path: str) -> dict[str, Any] | None:

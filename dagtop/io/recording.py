@@ -14,11 +14,12 @@ import errno
 import os
 import struct
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
+
+from dagtop.model.frames import RawFrame
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -33,14 +34,6 @@ MAX_NOTE_BYTES: Final = 64 * 1024
 
 class RecordingError(ValueError):
     """A file that is not a dagtop recording (wrong magic), or a record that is absurdly large."""
-
-
-@dataclass(frozen=True, slots=True)
-class RawFrame:
-    """One frame as received: the bytes and the monitor's monotonic receive time."""
-
-    received_ns: int
-    payload: bytes
 
 
 class RecordingWriter:

@@ -8,7 +8,7 @@ in one line. A target that is not a regular file (``/dev/null``, ``/dev/stdout``
 renaming over a device would replace it.
 
 ``dagtop record`` is different on purpose: it appends as frames come, so that a recorder killed mid-run keeps
-what it had (dagtop/recording.py).
+what it had (dagtop/io/recording.py).
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ from types import FrameType
 
 import zmq
 
-from dagtop.auth import AuthError, MonitorAuth
 from dagtop.exits import Exit
-from dagtop.sources import RCVHWM, BindError
+from dagtop.io.auth import AuthError, MonitorAuth
+from dagtop.io.sources import RCVHWM, BindError
 from instrument.keys import curve_keys
 from instrument.publisher import SNDHWM, reconnect_quickly
 from instrument.wire import MAX_FRAME_BYTES

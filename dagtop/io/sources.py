@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from dagtop.recording import RawFrame, RecordingReader
+from dagtop.io.recording import RecordingReader
+from dagtop.model.frames import RawFrame
 from instrument.wire import DEFAULT_ENDPOINT, MAX_FRAME_BYTES
 
 if TYPE_CHECKING:
-    from dagtop.auth import MonitorAuth
+    from dagtop.io.auth import MonitorAuth
 
 RCVHWM = 1000
 """Messages libzmq queues per connected rank before it stops reading that rank's connection (TCP pushes back and
@@ -63,7 +64,7 @@ class ZmqSource(FrameSource):
     """Binds a SUB socket that every rank's PUB connects to: the one place dagtop binds (live, record, demo).
 
     Messages over :data:`~instrument.wire.MAX_FRAME_BYTES` are refused by libzmq before they are read (it drops
-    that connection; the rank reconnects). With ``auth`` (:class:`~dagtop.auth.MonitorAuth`) the socket is a
+    that connection; the rank reconnects). With ``auth`` (:class:`~dagtop.io.auth.MonitorAuth`) the socket is a
     CURVE server that lets in only ranks holding the rank key; :attr:`refused` counts the handshakes refused.
 
     Raises:

@@ -11,13 +11,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from dagtop.auth import AuthError, monitor_auth
 from dagtop.exits import Exit
+from dagtop.io.auth import AuthError, monitor_auth
+from dagtop.io.output import why
+from dagtop.io.recording import RecordingWriter
+from dagtop.io.sources import BindError, FrameSource, ZmqSource
 from dagtop.model.admission import Admission, Losses
 from dagtop.model.completion import missing
-from dagtop.output import why
-from dagtop.recording import RawFrame, RecordingWriter
-from dagtop.sources import BindError, FrameSource, ZmqSource
+from dagtop.model.frames import RawFrame
 from instrument import wire
 
 ITERATIONS_KEPT = 4096
@@ -267,8 +268,8 @@ def run_record(args: argparse.Namespace) -> int:
         print(f"dagtop record: {exc}", file=sys.stderr)
         return Exit.CANNOT_BIND
     if getattr(args, "metrics_port", None) is not None:  # analysed on the side, for Prometheus only
-        from dagtop.advise import terms_of
         from dagtop.interop.metrics import MeteredSource, MetricsError
+        from dagtop.model.advice_text import terms_of
 
         try:
             source = MeteredSource(source, args.metrics_port, args.ranks, terms_of(args))
