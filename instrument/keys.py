@@ -24,6 +24,14 @@ AUTH_ENV: Final = "DAGTOP_AUTH"
 KEY_CHARS: Final = 40
 """A CURVE key in Z85: 32 bytes, five characters for every four."""
 _Z85: Final = frozenset(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
+MONITOR: Final = "monitor"
+RANK: Final = "rank"
+"""The two key pairs of a ``dagtop keygen`` directory: the monitor's, and the one every rank holds."""
+
+
+def key_file(holder: str, secret: bool) -> str:
+    """The name of a holder's public key file (``rank.key``) or secret key file (``rank.key_secret``)."""
+    return f"{holder}.key_secret" if secret else f"{holder}.key"
 
 
 class KeyFileError(ValueError):
@@ -87,8 +95,8 @@ def curve_keys(directory: str) -> tuple[bytes, bytes, bytes]:
         raise RuntimeError(f"{AUTH_ENV}={directory}: this libzmq was built without CURVE")
     where = Path(directory)
     try:
-        public, secret = read_key_file(where / "rank.key_secret", secret=True)
-        server, _ = read_key_file(where / "monitor.key", secret=False)
+        public, secret = read_key_file(where / key_file(RANK, secret=True), secret=True)
+        server, _ = read_key_file(where / key_file(MONITOR, secret=False), secret=False)
     except KeyFileError as exc:
         raise RuntimeError(f"{AUTH_ENV}={directory}: {exc}; make the keys with `dagtop keygen DIR`") from None
     assert secret is not None
@@ -105,6 +113,6 @@ def check_auth() -> str | None:
         curve_keys(directory)
     except RuntimeError as exc:
         return str(exc)
-    if (said := exposed(Path(directory) / "rank.key_secret")) is not None:
+    if (said := exposed(Path(directory) / key_file(RANK, secret=True))) is not None:
         warnings.warn(f"dagtop: {said}", RuntimeWarning, stacklevel=3)
     return None

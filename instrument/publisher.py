@@ -24,13 +24,12 @@ from instrument.teardown import GATE_TIMEOUT_S, Gate
 QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
 
-SNDHWM: Final = 1000
 SNDBUF_BYTES: Final = 16 * 1024
 """The kernel's send buffer for a rank's connection (Linux doubles it: ~50 iteration frames of a small model). Left
 to itself that buffer grows to megabytes while the monitor is stopped or the link slow, and every frame in it must
 go before a fresh one: a monitor stopped 30 s saw rank 0's fresh frames 15.6 s after it resumed (0.1 s with this
-buffer; benchmarks/faults.py). The frames wait in ZeroMQ's queue (:data:`SNDHWM`) instead. One rank's frames need
-far less than it carries."""
+buffer; benchmarks/faults.py). The frames wait in ZeroMQ's queue (:data:`~instrument.wire.SNDHWM`) instead. One
+rank's frames need far less than it carries."""
 GPU_POLL_S: Final = 0.02
 """While an iteration's CUDA events have not run yet, how often the publisher thread looks again. Otherwise it
 sleeps until something is enqueued, a monitor subscribes, or a hello or calibration is due."""
@@ -50,33 +49,9 @@ held longer, and a closing rank waits for it no longer either."""
 HEARTBEAT_EVERY_S: Final = 1.0
 """How often a rank says where it is (``heartbeat``): the monitor calls a rank silent after a few missed ones."""
 
-RECONNECT_IVL_MS: Final = 250
-RECONNECT_IVL_MAX_MS: Final = 2000
-"""ZeroMQ's wait before trying the monitor again, doubling up to this while it stays away: a monitor back after
-an outage sees every rank again within a few seconds."""
-CONNECT_TIMEOUT_MS: Final = 1000
-"""A connection attempt that has not been answered in this long is given up and tried again (a port whose packets
-are dropped would otherwise wait on TCP's own SYN back-off: 1, 2, 4, … s)."""
 _REFUSED: Final = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 """Socket events that say the monitor refused this rank's handshake."""
-
-
-def reconnect_quickly(sock: zmq.Socket[bytes]) -> None:
-    """Make a connecting socket come back within a few seconds of an outage of the monitor or of the way to it
-    (:data:`RECONNECT_IVL_MAX_MS`, :data:`CONNECT_TIMEOUT_MS`). Frames queued meanwhile stay queued (up to the
-    high-water mark); a connection TCP itself gives up on loses what it had in flight, counted by the monitor from
-    the gap in sequence numbers.
-
-    No ``TCP_MAXRT`` (``TCP_USER_TIMEOUT``): cutting a connection whose data waits unacknowledged would bring the
-    ranks back within 2 s of a port that dropped every packet for 30 s (without it, TCP's retransmission back-off:
-    24-26 s, frames past the high-water mark dropped and counted), but late is not lost: on this project's 2-core
-    VM (benchmarks/faults.py, one run each) a 10 s cut lost 93-349 iteration frames on a link dropping 20 % of
-    packets, and 87-531 with the monitor stopped 30 s (a stopped reader's zero window counts as unacknowledged),
-    where without it both lost none."""
-    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-    sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
 
 
 BACKGROUND_NICE: int | None = 19
@@ -238,10 +213,10 @@ class Publisher:
             # XPUB, unlike PUB, says zmq.Again at the high-water mark instead of dropping silently, so drops
             # are counted; and it tells us when a monitor subscribes, so the hello goes out at once.
             sock.setsockopt(zmq.XPUB_NODROP, 1)
-            sock.setsockopt(zmq.SNDHWM, SNDHWM)
+            sock.setsockopt(zmq.SNDHWM, wire.SNDHWM)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDBUF, SNDBUF_BYTES)
-            reconnect_quickly(sock)
+            wire.reconnect_quickly(sock)
             auth = self._auth = os.environ.get(AUTH_ENV, "")
             if auth:
                 sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve_keys(auth)

@@ -25,10 +25,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from dagtop.exits import Exit
-from instrument.keys import KeyFileError, exposed, read_key_file
-
-MONITOR = "monitor"
-RANK = "rank"
+from instrument.keys import MONITOR, RANK, KeyFileError, exposed, key_file, read_key_file
 
 
 class AuthError(Exception):
@@ -65,8 +62,7 @@ def keygen(directory: str | os.PathLike[str]) -> list[Path]:
     """
     require_curve()
     where = Path(directory)
-    existing = [p.name for p in (where / f"{n}.{ext}" for n in (MONITOR, RANK) for ext in ("key", "key_secret"))
-                if p.exists()]
+    existing = [p.name for p in (where / key_file(n, s) for n in (MONITOR, RANK) for s in (False, True)) if p.exists()]
     if existing:
         raise AuthError(f"{where} already holds {', '.join(existing)}; remove them or name another directory")
     try:
@@ -77,8 +73,8 @@ def keygen(directory: str | os.PathLike[str]) -> list[Path]:
         files: list[Path] = []
         for name in (MONITOR, RANK):
             public, secret = zmq.curve_keypair()
-            files.append(_write_key_file(where / f"{name}.key", public))
-            files.append(_write_key_file(where / f"{name}.key_secret", public, secret))
+            files.append(_write_key_file(where / key_file(name, secret=False), public))
+            files.append(_write_key_file(where / key_file(name, secret=True), public, secret))
     except FileExistsError as exc:
         raise AuthError(f"{where} already holds {Path(exc.filename).name}; remove it or name another directory") from None
     except OSError as exc:
@@ -112,7 +108,7 @@ def _write_key_file(path: Path, public: bytes, secret: bytes | None = None) -> P
 
 
 def _load(directory: Path, name: str, secret: bool) -> tuple[bytes, bytes | None]:
-    path = directory / f"{name}.key{'_secret' if secret else ''}"
+    path = directory / key_file(name, secret)
     if not path.is_file():
         raise AuthError(f"{directory}: no {path.name} (make the keys with `dagtop keygen {directory}`)")
     try:

@@ -35,8 +35,7 @@ from dagtop.exits import Exit
 from dagtop.io.auth import AuthError, MonitorAuth
 from dagtop.io.sources import RCVHWM, BindError
 from instrument.keys import curve_keys
-from instrument.publisher import SNDHWM, reconnect_quickly
-from instrument.wire import MAX_FRAME_BYTES
+from instrument.wire import MAX_FRAME_BYTES, SNDHWM, reconnect_quickly
 
 POLL_MS = 1000
 """The longest the relay sleeps with nothing to do: what bounds how late it sees a stop signal."""
