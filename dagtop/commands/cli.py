@@ -14,7 +14,7 @@ from typing import Any
 
 from dagtop import __version__
 from dagtop.exits import Exit, table
-from dagtop.io.sources import DEFAULT_ENDPOINT
+from instrument.wire import DEFAULT_ENDPOINT
 
 BOTTLENECKS = ("none", "io", "compute", "allreduce", "pcie")
 NICE_ENV = "DAGTOP_NICE"
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("record", help="collect headless into a recording")
     # The options `dagtop` itself takes are taken after `record` too. Their defaults are the top-level parser's
     # (SUPPRESS): a subparser's own default would overwrite `dagtop --auth DIR record`'s DIR with None.
-    shared = {"default": argparse.SUPPRESS}
+    shared: dict[str, Any] = {"default": argparse.SUPPRESS}
     rec.add_argument("--bind", type=_endpoint, **shared, help=f"endpoint to bind (default {DEFAULT_ENDPOINT})")
     rec.add_argument("-o", "--output", type=_output_file, required=True, help="recording to write")
     rec.add_argument("--iterations", type=_count, default=None,

@@ -16,9 +16,10 @@ from dagtop.io.auth import AuthError, monitor_auth
 from dagtop.io.output import why
 from dagtop.io.recording import RecordingWriter
 from dagtop.io.sources import BindError, FrameSource, ZmqSource
-from dagtop.model.admission import Admission, Losses
+from dagtop.model.admission import Admission
 from dagtop.model.completion import missing
 from dagtop.model.frames import RawFrame
+from dagtop.model.jobs import Losses
 from instrument import wire
 
 ITERATIONS_KEPT = 4096

@@ -222,12 +222,12 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
           + (f" and {intake['refused']} connections without the rank key" if intake["refused"] else "") + "\n")
     lost = s.get("lost")
     if lost and (lost["rank_queue"] or lost["rank_socket"] or lost["in_transit"]):
-        reasons = (
+        causes = (
             (lost["rank_queue"], "dropped at the ranks (their queue was full)"),
             (lost["rank_socket"], "refused by the ranks' sockets (the monitor or the link not keeping up)"),
             (lost["in_transit"], "lost on the way"),
         )
-        w(f"note: frames that never arrived: {', '.join(f'{n} {what}' for n, what in reasons if n)} "
+        w(f"note: frames that never arrived: {', '.join(f'{n} {what}' for n, what in causes if n)} "
           f"({lost['iterations_missing']} iteration frames among them)\n")
     if lost and lost["before_connect"]:
         w(f"note: {lost['before_connect']} iteration frames were sent before the monitor first heard their rank\n")

@@ -80,7 +80,8 @@ def make_model(wide: bool) -> Any:
             y = self.conv(x)
             for _ in range(self.repeat - 1):
                 y = y + self.conv(x)
-            return self.relu(self.bn(y / self.repeat if self.repeat > 1 else y))
+            out: torch.Tensor = self.relu(self.bn(y / self.repeat if self.repeat > 1 else y))
+            return out
 
     class DemoNet(nn.Module):
         """Four conv blocks, global pooling, a classifier; optionally a wide embedding table."""
@@ -103,7 +104,7 @@ def make_model(wide: bool) -> Any:
             if self.input_pool > 1:
                 x = nn.functional.avg_pool2d(x, self.input_pool)
             z = self.pool(self.block3(self.block2(self.block1(self.stem(x)))))
-            logits = self.head(z)
+            logits: torch.Tensor = self.head(z)
             if self.wide is not None:
                 # One row per class, scored against the pooled features (detached: the table learns alone).
                 rows = self.wide(torch.arange(CLASSES, device=z.device))

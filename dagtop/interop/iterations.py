@@ -76,7 +76,8 @@ def collective_kind(name: str) -> str:
 
 def _nest(spans: Sequence[Span]) -> list[int]:
     """Each span's parent index in ``spans`` (sorted by start, longest first), -1 at the top, by containment."""
-    parents, stack = [], []
+    parents: list[int] = []
+    stack: list[int] = []
     for i, s in enumerate(spans):
         while stack and spans[stack[-1]].end <= s.start:
             stack.pop()

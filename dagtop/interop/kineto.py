@@ -10,12 +10,13 @@ is kept is a compact :class:`Span` per event of interest (steps, the labels of t
 from __future__ import annotations
 
 import gzip
+import io
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import ijson
 
@@ -90,7 +91,7 @@ _SHAPE_ARGS = ("Input Dims", "Input type")
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[IO[bytes]]:
+def _open(path: Path) -> Iterator[io.BufferedIOBase]:
     with open(path, "rb") as raw:
         gzipped = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)

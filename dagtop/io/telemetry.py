@@ -210,22 +210,22 @@ class TelemetrySampler:
         nv = self._nvml
         assert nv is not None
 
-        def get(fn: Callable[[], Any]) -> Any:
+        def get(fn: Callable[..., Any], *args: Any) -> Any:
             try:
-                return fn()
+                return fn(*args)
             except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: leave the field empty
                 return None
 
         out = []
         for i, h in enumerate(self._handles):
-            name = get(lambda h=h: nv.nvmlDeviceGetName(h))
-            util = get(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h))
-            mem = get(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h))
-            tx = get(lambda h=h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
-            rx = get(lambda h=h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
-            power = get(lambda h=h: nv.nvmlDeviceGetPowerUsage(h))
-            sm_clock = get(lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-            mem_clock = get(lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
+            name = get(nv.nvmlDeviceGetName, h)
+            util = get(nv.nvmlDeviceGetUtilizationRates, h)
+            mem = get(nv.nvmlDeviceGetMemoryInfo, h)
+            tx = get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
+            rx = get(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
+            power = get(nv.nvmlDeviceGetPowerUsage, h)
+            sm_clock = get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+            mem_clock = get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
             out.append(GpuSample(
                 index=i,
                 name=name.decode() if isinstance(name, bytes) else str(name or f"GPU {i}"),

@@ -67,8 +67,9 @@ class DagtopApp(App[int]):
     CSS_PATH = "dagtop.tcss"
     TITLE = "dagtop"
     ENABLE_COMMAND_PALETTE = False
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
-    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (30, "-tall")]
+    # Textual declares these two on App as instance attributes, so a ClassVar here would not type-check.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]  # noqa: RUF012
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [*SCREEN_KEYS, *RANK_SCROLL_KEYS]
     """Declared, each with what the help says of it, in :mod:`dagtop.ui.keys`."""
 

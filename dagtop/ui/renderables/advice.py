@@ -3,6 +3,8 @@ buy per epoch, the waste so far, then each change with what to write and why."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
@@ -17,7 +19,7 @@ CONFIDENCE_STYLE = {Confidence.VALIDATED: "green", Confidence.LOWER: "yellow", C
 """How a confidence is coloured: validated green, lower (with a ?) yellow, withheld dim."""
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], styles: list[str] | None = None) -> Table:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], styles: list[str] | None = None) -> Table:
     """Right-aligned figures after a first column that wraps (a change's name) where the width is short."""
     t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
     for i, name in enumerate(header):
@@ -52,9 +54,10 @@ class AdviceDetails:
         styles = [CONFIDENCE_STYLE[Confidence(r[4].rstrip("?"))] for r in rows]
         if rows:
             header: tuple[str, ...] = ("change", "ms/step", "range", "throughput", "confidence")
+            shown: Sequence[tuple[str, ...]] = rows
             if options.max_width < NARROW:  # the ranges are in each change's lines below
-                header, rows = (header[0], header[1], header[3], "conf."), [(r[0], r[1], r[3], r[4]) for r in rows]
-            parts.append(_table(header, rows, styles))
+                header, shown = (header[0], header[1], header[3], "conf."), [(r[0], r[1], r[3], r[4]) for r in rows]
+            parts.append(_table(header, shown, styles))
         if a.little:
             parts.append(Text(little_line(a), style="dim"))
         if a.withheld:

@@ -14,7 +14,8 @@ Cell = tuple[str, Style | str]
 def cells_to_text(cells: Iterable[Cell]) -> Text:
     """Join cells into Text, merging runs of the same glyph and style."""
     text = Text()
-    run_glyph, run_style, run = "", "", 0
+    run_glyph, run = "", 0
+    run_style: Style | str = ""
     for glyph, style in cells:
         if run and glyph == run_glyph and style == run_style:
             run += 1
