@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
+from helpers.waits import WAIT_S
 from hypothesis import settings
 
 from dagtop.demo.launch import free_endpoint
@@ -22,9 +23,6 @@ from instrument import wire
 RUN_MARKER = "DAGTOP_TEST_RUN"
 """Set to a fresh id in the environment at session start: every process the tests start inherits it (demo ranks,
 tmux servers and what runs in them), so the end of the run can find what was left behind, and only that."""
-WAIT_S = 60.0
-"""How long a test waits for something that takes milliseconds on an idle machine: a loaded CI runner is slow, and
-a test that waits for a condition costs nothing more when it is fast."""
 LEFTOVER_GRACE_S = 10.0
 """Processes that are on their way out (ranks at their last iteration, a tmux server closing) get this long."""
 

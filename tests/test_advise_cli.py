@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from helpers.frames import hello
 from prometheus_client.core import Metric
 
 from dagtop.commands.cli import main
@@ -125,8 +126,7 @@ def test_a_hello_carries_the_dataloaders_settings_once_known() -> None:
     loader = describe_loader(torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True))
     assert loader == wire.Loader(workers=2, batch_size=8, batches=13, prefetch_factor=2, pin_memory=0,
                                  persistent_workers=1)
-    hello = wire.Hello(0, 0, 2, 0, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "", loader=loader)
-    assert wire.decode(wire.encode(hello)) == hello
-    assert "loader" not in msgpack.unpackb(wire.encode(wire.Hello(0, 0, 2, 0, "h", 1, "cpu", "t", "M", 1, "block",
-                                                                  1, 1)))
+    said = hello(0, 2, loader=loader)
+    assert wire.decode(wire.encode(said)) == said
+    assert "loader" not in msgpack.unpackb(wire.encode(hello(0, 2)))
     assert describe_loader([1, 2, 3]) is None  # not a DataLoader: nothing said

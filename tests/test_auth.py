@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from conftest import WAIT_S
+from helpers.waits import WAIT_S
 
 from dagtop.commands.cli import main
 from dagtop.exits import Exit

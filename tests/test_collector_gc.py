@@ -9,25 +9,11 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
+from helpers.frames import ListSource
 
-from dagtop.io.sources import FrameSource
-from dagtop.model.frames import RawFrame
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from dagtop.ui import collector as collector_module
 from dagtop.ui.collector import Collector
-
-
-class ListSource(FrameSource):
-    def __init__(self, frames: list[RawFrame]) -> None:
-        self._frames = list(frames)
-
-    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
-        out, self._frames = self._frames[:50], self._frames[50:]
-        return out
-
-    @property
-    def finished(self) -> bool:
-        return not self._frames
 
 
 @pytest.fixture
@@ -49,7 +35,7 @@ class _Cycle:
 def test_folding_freezes_what_it_made_and_garbage_still_goes(clean_gc: None, monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     frames = synthetic_frames(SyntheticJob(ranks=4), iterations=12)
-    collector = Collector(ListSource(frames))
+    collector = Collector(ListSource(frames, batch=50))
     assert gc.get_freeze_count() == 0
     collector.fold(frames[: len(frames) // 2])
     assert gc.isenabled()
@@ -73,5 +59,5 @@ def test_folding_freezes_what_it_made_and_garbage_still_goes(clean_gc: None, mon
 def test_a_process_that_turned_the_collector_off_is_left_alone(clean_gc: None) -> None:
     frames = synthetic_frames(SyntheticJob(ranks=2), iterations=6)
     gc.disable()
-    Collector(ListSource(frames)).fold(frames)
+    Collector(ListSource(frames, batch=50)).fold(frames)
     assert not gc.isenabled() and gc.get_freeze_count() == 0

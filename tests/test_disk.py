@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WAIT_S
-from test_record import ListSource, _hello, _iteration
+from helpers.frames import ListSource, hello
+from helpers.waits import WAIT_S
+from test_record import _hello, _iteration
 
 from dagtop.commands.cli import main
 from dagtop.commands.record import record
@@ -54,7 +55,7 @@ def test_a_failing_write_stops_the_recorder_and_leaves_whole_records(tmp_path: P
     writer = RecordingWriter(path)
     writer._file = _FailingFile(writer._file, 3000, error)  # type: ignore[assignment]
     with writer:
-        result = record(ListSource(payloads), writer)
+        result = record(ListSource.of_payloads(payloads, batch=3), writer)
     assert result.stopped_because == "disk" and os.strerror(error) in result.disk_error
     assert str(writer.frames) in result.disk_error and "\n" not in result.disk_error
     reader = RecordingReader(path)
@@ -70,10 +71,10 @@ def test_record_past_the_file_size_limit_exits_4_with_a_readable_file(
     stop = threading.Event()
 
     def rank(r: int) -> None:
-        def hello(seq: int) -> wire.Hello:
-            return wire.Hello(seq, r, 2, r, "h", 1, "cpu", "t", "M", 1, "block", 1, time.perf_counter_ns())
+        def said(seq: int) -> wire.Hello:
+            return hello(r, 2, seq, mono_ns=time.perf_counter_ns())
 
-        publisher = Publisher(endpoint, r, hello, on_error=lambda exc: None)
+        publisher = Publisher(endpoint, r, said, on_error=lambda exc: None)
         it = 0
         while not stop.is_set():
             now = time.perf_counter_ns()

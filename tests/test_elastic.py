@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import WAIT_S
+from helpers.waits import WAIT_S
 from test_ui_helpers import fake_telemetry, wait_loaded
 
 from dagtop.demo.launch import free_port

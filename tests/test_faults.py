@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import pytest
-from conftest import WAIT_S
+from helpers.waits import WAIT_S
 from hosts import Host, two_hosts, why_not_here
 
 from dagtop.demo.launch import free_port

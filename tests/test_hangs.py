@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.waits import JOB_WAIT_S
 from ranks import RunningJob, start_job
 
 from dagtop.commands.cli import main
@@ -22,17 +23,15 @@ from instrument import wire
 
 pytestmark = pytest.mark.slow
 
-WAIT_S = 240.0
-"""Generous: a loaded 2-core machine runs two torch ranks slowly; a condition met early ends the wait early."""
 NAMED_WITHIN_S = 10.0
 """The holder must be on screen this soon after the stall threshold is passed."""
 
 
 def _wait(condition: Any, what: str, job: RunningJob) -> None:
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + JOB_WAIT_S
     while not condition():
         if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in job.procs):
-            raise AssertionError(f"{what}: not within {WAIT_S:g} s; job log:\n{job.log.read_text()[-3000:]}")
+            raise AssertionError(f"{what}: not within {JOB_WAIT_S:g} s; job log:\n{job.log.read_text()[-3000:]}")
         time.sleep(0.2)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import WAIT_S
+from helpers.waits import WAIT_S
 from hosts import Host, two_hosts, why_not_here
 
 from dagtop.demo.launch import free_port

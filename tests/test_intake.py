@@ -13,7 +13,8 @@ from pathlib import Path
 import msgpack
 import pytest
 import zmq
-from conftest import WAIT_S
+from helpers.frames import hello
+from helpers.waits import WAIT_S
 
 from dagtop.commands.cli import main
 from dagtop.io.recording import read_notes, read_recording
@@ -28,7 +29,7 @@ from instrument.publisher import Publisher
 
 
 def _hello(rank: int = 0, world: int = 1, seq: int = 0) -> bytes:
-    return wire.encode(wire.Hello(seq, rank, world, rank, "h", 1, "cpu", "t", "M", 1, "block", 1, 1))
+    return wire.encode(hello(rank, world, seq))
 
 
 def _iteration(rank: int, it: int, seq: int | None = None) -> bytes:
@@ -100,7 +101,7 @@ def test_iterations_that_jump_about_are_refused_and_waiting_ones_keep_memory_bou
     rng = random.Random(1)
     p.feed([RawFrame(0, _iteration(0, 10 + rng.randrange(10**12), seq=i)) for i in range(2000)])
     assert p.analyses() == [] and p.rejected == 2000
-    assert p._admission.rejections == {
+    assert p.rejections == {
         "rank N's first iteration N is beyond what its sequence number N and N discarded frames allow": 2000}
     # A rank whose peer never sends: what waits for it, or is kept open to it, stays bounded.
     p = Pipeline(expected_ranks=2)
@@ -160,10 +161,10 @@ def test_record_keeps_junk_out_of_the_file_and_says_why(
         context.term()
 
     def rank() -> None:
-        def hello(seq: int) -> wire.Hello:
-            return wire.Hello(seq, 0, 1, 0, "h", 1, "cpu", "t", "M", 1, "block", 1, time.perf_counter_ns())
+        def said(seq: int) -> wire.Hello:
+            return hello(seq=seq, mono_ns=time.perf_counter_ns())
 
-        publisher = Publisher(endpoint, 0, hello, on_error=lambda exc: None)
+        publisher = Publisher(endpoint, 0, said, on_error=lambda exc: None)
         it = 0
         while not stop.is_set():
             now = time.perf_counter_ns()

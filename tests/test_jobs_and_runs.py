@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from helpers.frames import ListSource, hello
 
 from dagtop.commands.record import record
 from dagtop.io.recording import RecordingWriter
-from dagtop.io.sources import FrameSource
 from dagtop.model.admission import Admission
 from dagtop.model.frames import RawFrame
 from dagtop.model.liveness import Liveness
@@ -50,9 +50,9 @@ class Rank:
         return self.seq - 1
 
     def hello(self, world: int | None = None) -> bytes:
-        return wire.encode(wire.Hello(self._next(), self.rank, world or self.world, self.rank, "node1", self.pid,
-                                      "cpu", "t", "M", 1, "block", self.started_ns, self.clock_ns, "", self.job,
-                                      self.master, self.restart, self.started_ns, self.sender))
+        return wire.encode(hello(self.rank, world or self.world, self._next(), host="node1", pid=self.pid,
+                                 wall_ns=self.started_ns, mono_ns=self.clock_ns, job=self.job, master=self.master,
+                                 restart=self.restart, started_ns=self.started_ns, sender=self.sender))
 
     def step(self, ms: float = 50) -> bytes:
         """Its next iteration, ``ms`` long on its clock."""
@@ -92,19 +92,6 @@ def _job(ranks: list[Rank], iterations: int, t0_ns: int = 0, every_ns: int = 50 
     return frames
 
 
-class ListSource(FrameSource):
-    def __init__(self, frames: list[RawFrame]) -> None:
-        self._frames = list(frames)
-
-    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
-        out, self._frames = self._frames[:50], self._frames[50:]
-        return out
-
-    @property
-    def finished(self) -> bool:
-        return not self._frames
-
-
 def _complete(p: Pipeline) -> list[int]:
     return [a.iteration for a in p.analyses() if a.complete]
 
@@ -128,7 +115,7 @@ def test_a_second_job_on_the_endpoint_is_refused_counted_and_said() -> None:
     p = _fed(frames)
     snap = p.snapshot()
     assert _complete(p) == list(range(20)) and snap.ranks_expected == 2
-    assert snap.rejected == 12 and p._admission.rejections == {"a frame of another job than the one followed": 12}
+    assert snap.rejected == 12 and p.rejections == {"a frame of another job than the one followed": 12}
     assert "a second job is publishing here: 12 frames refused (run id run-b, master 10.0.0.1:29500)" in snap.job_line
 
 
@@ -224,7 +211,7 @@ def test_a_restart_is_a_new_run_whose_iterations_are_numbered_on(tmp_path: Path,
     assert said.endswith(", after iteration 30")
     assert said in snap.job_line  # the screen says it
     with RecordingWriter(tmp_path / "r.dagtop") as writer:
-        progress = record(ListSource(frames), writer)
+        progress = record(ListSource(frames, batch=50), writer)
     assert progress.complete == 50 and progress.runs == 2  # every iteration of both runs, each once
     # A late frame of the old run past its end, or the old process heard again: refused, not renumbered.
     late = Rank(1, restart=0, iteration=31, seq=200)

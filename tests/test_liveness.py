@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from helpers.frames import hello
 from test_ui_helpers import fake_telemetry, wait_loaded
 
 from dagtop.io.recording import RecordingWriter
@@ -24,7 +25,7 @@ S = 1_000_000_000
 
 
 def _hello(rank: int, pid: int, seq: int = 0, host: str = "elsewhere") -> wire.Hello:
-    return wire.Hello(seq, rank, 2, rank, host, pid, "cpu", "t", "M", 1, "block", 0, 0)
+    return hello(rank, 2, seq, host=host, pid=pid, wall_ns=0, mono_ns=0)
 
 
 def _iter(rank: int, it: int, seq: int) -> wire.IterationBatch:

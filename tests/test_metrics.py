@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers.waits import JOB_WAIT_S
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from ranks import run_job
@@ -26,7 +27,6 @@ from dagtop.model.liveness import LivenessView
 from dagtop.model.pipeline import Pipeline
 
 FIXTURES = Path(__file__).parent.parent / "dagtop" / "fixtures"
-WAIT_S = 120.0
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -65,7 +65,7 @@ def test_scraped_while_recording_a_live_job(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}/metrics"
     recorder = subprocess.Popen(
         [sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o", str(tmp_path / "run.dagtop"),
-         "--metrics-port", f"127.0.0.1:{port}", "--timeout", str(WAIT_S)],
+         "--metrics-port", f"127.0.0.1:{port}", "--timeout", str(JOB_WAIT_S)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     scrapes: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = []
     done = threading.Event()
@@ -84,7 +84,7 @@ def test_scraped_while_recording_a_live_job(tmp_path: Path) -> None:
     try:
         run = run_job("profiled.py", "--steps", "10", "--traces", str(tmp_path), "--slow", "1", endpoint=endpoint)
         assert run.ok, run.log[-3000:]
-        recorder.wait(WAIT_S)  # every rank said bye: the recording ends
+        recorder.wait(JOB_WAIT_S)  # every rank said bye: the recording ends
     finally:
         done.set()
         if recorder.poll() is None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.frames import ListSource, hello
 
 from dagtop.commands.record import record
 from dagtop.io.recording import RecordingWriter
-from dagtop.io.sources import FrameSource
 from dagtop.model.admission import Admission
 from dagtop.model.completion import missing
 from dagtop.model.frames import RawFrame
@@ -18,28 +18,12 @@ from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from instrument import wire
 
 
-class ListSource(FrameSource):
-    """Hands out prepared frames a few at a time, then finishes."""
-
-    def __init__(self, frames: list[RawFrame]) -> None:
-        self._frames = list(frames)
-
-    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
-        out, self._frames = self._frames[:5], self._frames[5:]
-        return out
-
-    @property
-    def finished(self) -> bool:
-        return not self._frames
-
-
 def _decoded(frames: list[RawFrame]) -> list[tuple[RawFrame, wire.Frame]]:
     return [(f, wire.decode(f.payload)) for f in frames]
 
 
 def _hello(rank: int, world: int, seq: int = 0) -> RawFrame:
-    h = wire.Hello(seq, rank, world, rank, "h", 1, "cpu", "t", "M", 1, "block", 1, 1)
-    return RawFrame(0, wire.encode_hello(h))
+    return RawFrame(0, wire.encode(hello(rank, world, seq)))
 
 
 def _iteration(rank: int, it: int, seq: int) -> RawFrame:
@@ -85,7 +69,7 @@ def test_record_counts_the_iterations_report_analyses_complete(tmp_path: Path, f
     p.feed(frames)
     p.finish()
     with RecordingWriter(tmp_path / "r.dagtop") as writer:
-        progress = record(ListSource(frames), writer)
+        progress = record(ListSource(frames, batch=5), writer)
     complete = [a.iteration for a in p.analyses() if a.complete]
     assert progress.complete == len(complete) > 0
     assert progress.ranks_expected == p.snapshot().ranks_expected

@@ -27,9 +27,7 @@ from instrument import wire
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_monitor
-
-WAIT_S = 60.0
-"""Generous: a loaded 2-core runner starts Python and Textual slowly."""
+from helpers.waits import WAIT_S
 
 
 def _frames(iterations: int) -> list[RawFrame]:

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import WAIT_S
+from helpers.frames import hello
+from helpers.waits import WAIT_S
 
 import instrument
 from instrument import publisher as publisher_module
@@ -21,7 +22,7 @@ from instrument.publisher import Publisher
 
 
 def _hello(seq: int) -> wire.Hello:
-    return wire.Hello(seq, 0, 1, 0, "h", 1, "cpu", "t", "M", 1, "block", 1, time.perf_counter_ns())
+    return hello(seq=seq, mono_ns=time.perf_counter_ns())
 
 
 def test_an_idle_publisher_sleeps_and_a_hand_over_wakes_it(collector: Any, endpoint: str,

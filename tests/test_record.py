@@ -7,40 +7,21 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.frames import ListSource, hello
 
 from dagtop.commands.cli import main
 from dagtop.commands.record import record
 from dagtop.io.recording import RecordingWriter, read_recording
-from dagtop.io.sources import FrameSource
-from dagtop.model.frames import RawFrame
 from instrument import wire
 from instrument.publisher import Publisher
 
 
 def _hello(rank: int, world: int = 2) -> bytes:
-    return wire.encode_hello(wire.Hello(0, rank, world, rank, "h", 1, "cpu", "t", "M", 1, "block", 1, 1))
+    return wire.encode(hello(rank, world))
 
 
 def _iteration(rank: int, it: int) -> bytes:
     return wire.encode_iteration(it + 1, rank, it, [("io", "load", "next", "main", 10, 20, 0)], 0)
-
-
-class ListSource(FrameSource):
-    """Hands out prepared payloads a few at a time, then raises ``end`` if given, else finishes."""
-
-    def __init__(self, payloads: list[bytes], end: BaseException | None = None) -> None:
-        self._frames = [RawFrame(i, p) for i, p in enumerate(payloads)]
-        self._end = end
-
-    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
-        if not self._frames and self._end is not None:
-            raise self._end
-        out, self._frames = self._frames[:3], self._frames[3:]
-        return out
-
-    @property
-    def finished(self) -> bool:
-        return not self._frames and self._end is None
 
 
 def test_stops_once_n_iterations_are_complete_on_every_rank(tmp_path: Path) -> None:
@@ -49,7 +30,7 @@ def test_stops_once_n_iterations_are_complete_on_every_rank(tmp_path: Path) -> N
     for it in range(1, 10):
         payloads += [_iteration(0, it), _iteration(1, it)]
     with RecordingWriter(tmp_path / "r.dagtop") as writer:
-        result = record(ListSource(payloads), writer, iterations=3)
+        result = record(ListSource.of_payloads(payloads, batch=3), writer, iterations=3)
     assert result.stopped_because == "iterations"
     assert result.complete == 3 and result.ranks_expected == 2 and result.ranks_seen == {0, 1}
     assert 0 < writer.frames < len(payloads)
@@ -60,7 +41,7 @@ def test_undecodable_frames_are_counted_by_reason_not_written(tmp_path: Path) ->
     payloads = [_hello(0, 1), junk[0], _iteration(0, 0), junk[1], wire.encode_bye(wire.Bye(9, 0, 1, 0))]
     path = tmp_path / "r.dagtop"
     with RecordingWriter(path) as writer:
-        result = record(ListSource(payloads), writer)
+        result = record(ListSource.of_payloads(payloads, batch=3), writer)
     assert [f.payload for f in read_recording(path)] == [payloads[0], payloads[2], payloads[4]]  # no junk
     assert result.rejected == 2 and "not msgpack" in (result.first_rejection or "")
     assert result.rejections == {"not msgpack": 1, "wire version N is not supported (this monitor reads versions N, N)": 1}
@@ -71,14 +52,14 @@ def test_undecodable_frames_are_counted_by_reason_not_written(tmp_path: Path) ->
 def test_ranks_given_on_the_command_line_override_the_hello(tmp_path: Path) -> None:
     payloads = [_hello(0, 1)] + [_iteration(0, it) for it in range(5)]
     with RecordingWriter(tmp_path / "r.dagtop") as writer:
-        result = record(ListSource(payloads), writer, iterations=2, ranks=2)
+        result = record(ListSource.of_payloads(payloads, batch=3), writer, iterations=2, ranks=2)
     assert result.complete == 0 and result.stopped_because == "stopped"
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_the_file(tmp_path: Path) -> None:
     path = tmp_path / "r.dagtop"
     with RecordingWriter(path) as writer:
-        result = record(ListSource([_hello(0), _iteration(0, 0)], end=KeyboardInterrupt()), writer)
+        result = record(ListSource.of_payloads([_hello(0), _iteration(0, 0)], batch=3, end=KeyboardInterrupt()), writer)
     assert result.stopped_because == "interrupted"
     assert len(read_recording(path)) == 2
 
@@ -101,10 +82,10 @@ def test_record_command_exits_zero_after_n_iterations_from_live_ranks(tmp_path: 
     stop = threading.Event()
 
     def rank(r: int) -> None:
-        def hello(seq: int) -> wire.Hello:
-            return wire.Hello(seq, r, 2, r, "h", 1, "cpu", "t", "M", 1, "block", 1, time.perf_counter_ns())
+        def said(seq: int) -> wire.Hello:
+            return hello(r, 2, seq, mono_ns=time.perf_counter_ns())
 
-        publisher = Publisher(endpoint, r, hello, on_error=lambda exc: None)
+        publisher = Publisher(endpoint, r, said, on_error=lambda exc: None)
         it = 0
         while not stop.is_set():
             now = time.perf_counter_ns()

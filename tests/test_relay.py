@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import WAIT_S
+from helpers.frames import hello
+from helpers.waits import WAIT_S
 
 from dagtop.commands.cli import main
 from dagtop.demo.launch import free_endpoint
@@ -41,10 +42,10 @@ def relay() -> Iterator[tuple[Relay, str]]:
 
 def _ranks(endpoint: str, stop: threading.Event) -> list[threading.Thread]:
     def rank(r: int) -> None:
-        def hello(seq: int) -> wire.Hello:
-            return wire.Hello(seq, r, 2, r, "h", os.getpid(), "cpu", "t", "M", 1, "block", 1, time.perf_counter_ns())
+        def said(seq: int) -> wire.Hello:
+            return hello(r, 2, seq, pid=os.getpid(), mono_ns=time.perf_counter_ns())
 
-        publisher = Publisher(endpoint, r, hello, on_error=lambda exc: None)
+        publisher = Publisher(endpoint, r, said, on_error=lambda exc: None)
         it = 0
         while not stop.is_set():
             now = time.perf_counter_ns()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers.waits import JOB_WAIT_S
 
 from dagtop.demo.launch import DemoJob, free_port
 from dagtop.io.recording import read_recording
@@ -23,8 +24,6 @@ from instrument import wire
 
 pytestmark = pytest.mark.slow
 
-WAIT_S = 120.0
-"""Generous: a loaded 2-core machine runs two torch ranks slowly; a condition met early ends the wait early."""
 
 
 class Monitor:
@@ -43,10 +42,10 @@ class Monitor:
         return self.pipeline.liveness.view
 
     def wait_for(self, condition: Callable[[LivenessView], bool], what: str) -> LivenessView:
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + JOB_WAIT_S
         while not condition(view := self.view()):
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not within {WAIT_S:g} s; last line: {view.line()!r}")
+                raise AssertionError(f"{what}: not within {JOB_WAIT_S:g} s; last line: {view.line()!r}")
             time.sleep(0.2)
         return view
 
@@ -76,7 +75,7 @@ def test_a_stopped_rank_is_silent_the_other_waits_in_an_all_reduce_and_a_killed_
     try:
         collector.wait_for(lambda frames: _iterations(collector, 0) >= 5 and _iterations(collector, 1) >= 5
                            and sum(isinstance(f, wire.Heartbeat) and f.rank == 1 for f in frames) >= 2,
-                           "five iterations on each rank and heartbeats of rank 1", WAIT_S)
+                           "five iterations on each rank and heartbeats of rank 1", JOB_WAIT_S)
         rank1 = _pid(job, 1)
         _signal(rank1, signal.SIGSTOP)
         try:
@@ -91,7 +90,7 @@ def test_a_stopped_rank_is_silent_the_other_waits_in_an_all_reduce_and_a_killed_
             _signal(rank1, signal.SIGCONT)
         # The job goes on: both ranks complete further iterations, and the stall is over.
         collector.wait_for(lambda frames: _iterations(collector, 0) >= done_before + 3, "iterations after SIGCONT",
-                           WAIT_S)
+                           JOB_WAIT_S)
         monitor.wait_for(lambda v: not v.stalled_s and all(x.resumed for x in monitor.pipeline.liveness.stalls),
                          "the stall over")
         [stall] = monitor.pipeline.liveness.stalls
@@ -117,7 +116,7 @@ def test_a_job_started_again_is_shown_restarted(endpoint: str, collector: Any) -
     monitor = Monitor(collector)
     try:
         collector.wait_for(lambda frames: _iterations(collector, 0) >= 5 and _iterations(collector, 1) >= 5,
-                           "five iterations on each rank", WAIT_S)
+                           "five iterations on each rank", JOB_WAIT_S)
         old = {rank: _pid(first, rank) for rank in (0, 1)}
         _signal(old[1], signal.SIGKILL)  # a rank dies; torchrun stops the others and starts them all again
     finally:
@@ -127,7 +126,7 @@ def test_a_job_started_again_is_shown_restarted(endpoint: str, collector: Any) -
     try:
         new = {rank: _pid(again, rank) for rank in (0, 1)}
         collector.wait_for(lambda frames: _iterations(collector, 1, new[1]) >= 2, "iterations of the new rank 1",
-                           WAIT_S)
+                           JOB_WAIT_S)
         view = monitor.wait_for(lambda v: {r.rank for r in v.restarted} == {0, 1}
                                 and all(r.iteration is not None for r in v.restarted), "both ranks restarted")
         [_, run] = monitor.pipeline.snapshot().runs  # a new run, numbered on from the first one's last iteration
@@ -157,13 +156,13 @@ def _heartbeats(path: Any, rank: int) -> int:
 def test_dagtop_record_keeps_the_heartbeats_and_report_lists_the_stall(tmp_path: Any, endpoint: str) -> None:
     path = tmp_path / "stall.dagtop"
     recorder = subprocess.Popen([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o", str(path),
-                                 "--iterations", "1000000", "--timeout", str(WAIT_S)],
+                                 "--iterations", "1000000", "--timeout", str(JOB_WAIT_S)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     job = DemoJob(endpoint, ranks=2)
     job.start()
     rank1 = _pid(job, 1)
     try:
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + JOB_WAIT_S
         while min(_recorded_iterations(path, 0), _recorded_iterations(path, 1)) < 5 or _heartbeats(path, 1) < 2:
             assert time.monotonic() < deadline and recorder.poll() is None, "five recorded iterations on each rank"
             time.sleep(0.2)
@@ -172,24 +171,24 @@ def test_dagtop_record_keeps_the_heartbeats_and_report_lists_the_stall(tmp_path:
             # Stopped for 8 s of rank 0's heartbeats (the recorder's clock is its frames' arrival times).
             stopped_at = _heartbeats(path, 0)
             while _heartbeats(path, 0) < stopped_at + 8:
-                assert time.monotonic() < deadline + WAIT_S, "rank 0's heartbeats while rank 1 is stopped"
+                assert time.monotonic() < deadline + JOB_WAIT_S, "rank 0's heartbeats while rank 1 is stopped"
                 time.sleep(0.2)
             done = _recorded_iterations(path, 0)
         finally:
             _signal(rank1, signal.SIGCONT)
         while _recorded_iterations(path, 0) < done + 3:
-            assert time.monotonic() < deadline + 2 * WAIT_S, "iterations after SIGCONT"
+            assert time.monotonic() < deadline + 2 * JOB_WAIT_S, "iterations after SIGCONT"
             time.sleep(0.2)
     finally:
         job.stop()
         recorder.send_signal(signal.SIGINT)
         try:
-            recorder.wait(WAIT_S)
+            recorder.wait(JOB_WAIT_S)
         except subprocess.TimeoutExpired:
             recorder.kill()
             recorder.wait()
     report = subprocess.run([sys.executable, "-m", "dagtop", "report", "--json", str(path)], capture_output=True,
-                            text=True, timeout=WAIT_S)
+                            text=True, timeout=JOB_WAIT_S)
     assert report.returncode == 0, report.stderr
     stalls = json.loads(report.stdout)["stalls"]
     assert [([h["rank"] for h in x["holders"]], x["resumed"]) for x in stalls] == [([1], True)], stalls
@@ -198,5 +197,5 @@ def test_dagtop_record_keeps_the_heartbeats_and_report_lists_the_stall(tmp_path:
     [waiting] = stall["waiting"]
     assert waiting["ranks"] == [0] and waiting["task"].startswith("all-reduce bucket "), stall
     text = subprocess.run([sys.executable, "-m", "dagtop", "report", str(path)], capture_output=True, text=True,
-                          timeout=WAIT_S)
+                          timeout=JOB_WAIT_S)
     assert "rank 1 held the job (silent" in text.stdout and "rank 0 waiting in all-reduce bucket" in text.stdout

@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import WAIT_S
+from helpers.waits import WAIT_S
 from ranks import JOBS, run_job
 
 from instrument import wire
@@ -26,6 +26,7 @@ from instrument.publisher import Publisher
 from instrument.teardown import Gate, Held, Pending
 
 sys.path.insert(0, str(JOBS))
+from helpers.frames import hello
 from teardown import EXPECTED, ORDERS
 
 
@@ -105,10 +106,10 @@ def test_a_closed_publisher_never_calls_the_resolver_again(endpoint: str) -> Non
     stays out of torch, whatever it still does."""
     resolver = _BlockingResolver()
 
-    def hello(seq: int) -> wire.Hello:
-        return wire.Hello(seq, 0, 1, 0, "h", 1, "cuda", "t", "M", 1, "block", 1, 0)
+    def said(seq: int) -> wire.Hello:
+        return hello(seq=seq, device="cuda", mono_ns=0)
 
-    publisher = Publisher(endpoint, 0, hello, on_error=lambda exc: None, resolver=resolver)
+    publisher = Publisher(endpoint, 0, said, on_error=lambda exc: None, resolver=resolver)
     for it in range(3):
         publisher.put_iteration(it, [("compute", "forward", "net", "gpu", 1, 2, 0)])
     assert resolver.entered.wait(WAIT_S)

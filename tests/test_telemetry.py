@@ -16,11 +16,12 @@ from typing import Any
 import msgpack
 import pynvml
 import pytest
+from helpers.frames import ListSource
 
 from dagtop.commands.cli import main
 from dagtop.commands.record import record
 from dagtop.io.recording import RecordingWriter
-from dagtop.io.sources import FrameSource, RecordingSource
+from dagtop.io.sources import RecordingSource
 from dagtop.io.telemetry import (
     HostSample,
     TelemetrySample,
@@ -210,23 +211,10 @@ def test_report_ignores_telemetry(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert reports[0] == reports[1] and reports[1]["rejected"] == 0 and reports[1]["dropped"] == 0
 
 
-class _Frames(FrameSource):
-    def __init__(self, frames: list[RawFrame]) -> None:
-        self._frames = frames
-
-    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
-        out, self._frames = self._frames[:5], self._frames[5:]
-        return out
-
-    @property
-    def finished(self) -> bool:
-        return not self._frames
-
-
 def test_record_keeps_telemetry_frames_without_counting_them_as_iterations_or_rejections(tmp_path: Path) -> None:
     frames = with_telemetry(synthetic_frames(SyntheticJob(ranks=2), iterations=6), every=1)
     with RecordingWriter(tmp_path / "r.dagtop") as writer:
-        result = record(_Frames(frames), writer)
+        result = record(ListSource(frames, batch=5), writer)
     assert (result.frames, result.rejected, result.complete) == (len(frames), 0, 6)
 
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 from collections.abc import Awaitable, Callable
 from functools import cache
 
 import pytest
+from helpers.frames import ListSource
 from test_ui_helpers import fake_telemetry
 from textual.pilot import Pilot
 from textual.widget import Widget
 
 from dagtop.commands.cli import main
-from dagtop.io.sources import FrameSource
 from dagtop.model import lateness
 from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
@@ -28,24 +27,6 @@ from dagtop.ui.widgets.timeline import Timeline
 
 SLOW = 37
 """The slow rank of the 64-rank job: its input takes three times as long."""
-
-
-class MemorySource(FrameSource):
-    """A finished recording held in memory: every frame at once, then nothing."""
-
-    def __init__(self, frames: list[RawFrame]) -> None:
-        self._frames = frames
-        self._lock = threading.Lock()
-
-    def poll(self, timeout_s: float, max_frames: int = 10_000) -> list[RawFrame]:
-        with self._lock:
-            out, self._frames = self._frames[:max_frames], self._frames[max_frames:]
-        return out
-
-    @property
-    def finished(self) -> bool:
-        with self._lock:
-            return not self._frames
 
 
 def job_frames(ranks: int, slow: tuple[int, ...] = (SLOW,), iterations: int = 12) -> list[RawFrame]:
@@ -63,7 +44,7 @@ def analyses(ranks: int, slow: tuple[int, ...] = (SLOW,)) -> tuple[IterationAnal
 
 def run(test: Callable[[DagtopApp, Pilot[int]], Awaitable[None]], ranks: int = 64,
         size: tuple[int, int] = (120, 36)) -> None:
-    app = make_app(MemorySource(job_frames(ranks)), sampler=fake_telemetry, source_label="synthetic",
+    app = make_app(ListSource(job_frames(ranks)), sampler=fake_telemetry, source_label="synthetic",
                    frame_interval_s=0.05)
 
     async def go() -> None:

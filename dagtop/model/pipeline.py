@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from dagtop.model.admission import Admission, RankState
 from dagtop.model.clocks import ClockAligner
@@ -90,6 +90,11 @@ class Pipeline:
     def rejected(self) -> int:
         """Frames refused (malformed, wrong wire version, unknown rank, too late) and iterations that failed."""
         return self._admission.rejected
+
+    @property
+    def rejections(self) -> Mapping[str, int]:
+        """Frames refused so far, by reason with what varies taken out (:func:`~dagtop.model.admission.reason_of`)."""
+        return self._admission.rejections
 
     @property
     def last_rejection(self) -> str | None:

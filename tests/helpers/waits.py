@@ -1,0 +1,9 @@
+"""How long tests wait for a condition. Generous on purpose: a wait ends as soon as its condition is met, so a long
+deadline costs nothing on a fast machine and keeps a loaded 2-core runner from failing a test that would pass."""
+
+WAIT_S = 60.0
+"""For something that takes milliseconds on an idle machine (a frame through a socket, Python or Textual
+starting): a loaded CI runner is slow."""
+JOB_WAIT_S = 240.0
+"""For something that needs real torch ranks to train (their frames, a stall, a metric that follows them): a loaded
+2-core machine runs two torch ranks slowly."""
