@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any, TextIO
 
 from dagtop.exits import Exit
 from dagtop.model.advice import Advice, Candidate
 from dagtop.model.advice_text import advice_of, candidate_rows, cost_rows, little_line, terms_of, waste_line
+from dagtop.model.buckets import totals
 from dagtop.model.cost import EpochCost, FixOrBuy
 
 
@@ -55,19 +55,11 @@ def advice_json(advice: Advice, priced: FixOrBuy) -> dict[str, Any]:
         "waste": {"iterations": w.iterations, "gpu_hours": w.gpu_hours, "communication": w.communication,
                   "loading": w.loading, "straggler": w.straggler},
         "buckets": None if model is None else {
-            "now_bytes": _bytes(model.layout.sizes, model.layout.now), "default": model.default,
+            "now_bytes": totals(model.layout.sizes, model.layout.now), "default": model.default,
             "schedule_error": model.error,
             "tried": [{"label": g.label, "setting": dict(g.setting), "buckets": len(g.counts),
                        "iteration_ms": g.median_ms} for g in model.tried]},
     }
-
-
-def _bytes(sizes: Sequence[int], counts: Sequence[int]) -> list[int]:
-    out, at = [], 0
-    for n in counts:
-        out.append(sum(sizes[at:at + n]))
-        at += n
-    return out
 
 
 def write_advice(advice: Advice, priced: FixOrBuy, out: TextIO, details: bool = True) -> None:

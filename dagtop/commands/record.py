@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from dagtop.exits import Exit
-from dagtop.io.auth import AuthError, monitor_auth
 from dagtop.io.output import why
 from dagtop.io.recording import RecordingWriter
-from dagtop.io.sources import BindError, FrameSource, ZmqSource
+from dagtop.io.sources import FrameSource, bind_live
 from dagtop.model.admission import Admission
 from dagtop.model.completion import missing
 from dagtop.model.frames import RawFrame
@@ -259,15 +258,10 @@ class ProgressLine:
 
 def run_record(args: argparse.Namespace) -> int:
     """The ``dagtop record`` command; returns the exit status."""
-    source: FrameSource
-    try:
-        source = ZmqSource(args.bind, auth=monitor_auth(getattr(args, "auth", None)))
-    except AuthError as exc:
-        print(f"dagtop record: --auth: {exc}", file=sys.stderr)
-        return exc.code
-    except BindError as exc:
-        print(f"dagtop record: {exc}", file=sys.stderr)
-        return Exit.CANNOT_BIND
+    bound = bind_live("dagtop record", args.bind, getattr(args, "auth", None))
+    if isinstance(bound, int):
+        return bound
+    source: FrameSource = bound
     if getattr(args, "metrics_port", None) is not None:  # analysed on the side, for Prometheus only
         from dagtop.interop.metrics import MeteredSource, MetricsError
         from dagtop.model.advice_text import terms_of

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -43,34 +44,25 @@ def free_endpoint() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
 
 
+@dataclass(eq=False)  # a job is itself, not its settings
 class DemoJob:
     """The ranks of one demo job, each a ``python -m dagtop.demo.job`` process in its own process group.
 
     Rank output goes to ``log_path`` (the live screen owns the terminal).
     """
 
-    def __init__(
-        self,
-        endpoint: str,
-        ranks: int = 2,
-        bottleneck: str = "none",
-        straggler: int | None = None,
-        iterations: int | None = None,
-        device: str = "cpu",
-        granularity: str = "block",
-        extra_env: dict[str, str] | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self.ranks = ranks
-        self.bottleneck = bottleneck
-        self.straggler = straggler
-        self.iterations = iterations
-        self.device = device
-        self.granularity = granularity
-        self.extra_env = dict(extra_env or {})
-        self.log_path = Path(tempfile.mkdtemp(prefix="dagtop-demo-")) / "job.log"
-        self._log: IO[bytes] | None = None
-        self._procs: list[subprocess.Popen[bytes]] = []
+    endpoint: str
+    ranks: int = 2
+    bottleneck: str = "none"
+    straggler: int | None = None
+    iterations: int | None = None
+    device: str = "cpu"
+    granularity: str = "block"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Set in every rank's environment, over the monitor's own."""
+    log_path: Path = field(init=False, default_factory=lambda: Path(tempfile.mkdtemp(prefix="dagtop-demo-")) / "job.log")
+    _log: IO[bytes] | None = field(init=False, default=None)
+    _procs: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "dagtop.demo.job", "--bottleneck", self.bottleneck,

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from dagtop.exits import Exit
+from dagtop.io.auth import AuthError, MonitorAuth, monitor_auth
 from dagtop.io.recording import RecordingReader
 from dagtop.model.frames import RawFrame
 from instrument.wire import DEFAULT_ENDPOINT, MAX_FRAME_BYTES
-
-if TYPE_CHECKING:
-    from dagtop.io.auth import MonitorAuth
 
 RCVHWM = 1000
 """Messages libzmq queues per connected rank before it stops reading that rank's connection (TCP pushes back and
@@ -189,3 +188,16 @@ class RecordingSource(FrameSource):
     def truncated(self) -> bool:
         """True if the recording's tail was cut short (known once it has been read to the end)."""
         return self.reader.truncated
+
+
+def bind_live(command: str, bind: str, auth_directory: str | None) -> ZmqSource | int:
+    """The socket every rank publishes to, for ``dagtop COMMAND`` (CURVE with ``--auth DIR``); or the exit status
+    after saying on stderr, in one line, why it cannot be bound."""
+    try:
+        return ZmqSource(bind, auth=monitor_auth(auth_directory))
+    except AuthError as exc:
+        print(f"{command}: --auth: {exc}", file=sys.stderr)
+        return exc.code
+    except BindError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return Exit.CANNOT_BIND

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dagtop.exits import Exit
-from dagtop.io.auth import AuthError, monitor_auth
 from dagtop.io.recording import RecordingError
-from dagtop.io.sources import BindError, FrameSource, RecordingSource, ZmqSource
+from dagtop.io.sources import FrameSource, RecordingSource, ZmqSource, bind_live
 from dagtop.io.telemetry import TelemetrySampler
 from dagtop.model.advice_text import terms_of
 from dagtop.model.pipeline import Pipeline
@@ -57,14 +56,9 @@ def _write_stats(app: DagtopApp) -> None:
 
 def run_live(args: argparse.Namespace) -> int:
     """``dagtop [--bind ENDPOINT] [--ranks N]``: bind, then show every rank that publishes there."""
-    try:
-        source = ZmqSource(args.bind, auth=monitor_auth(getattr(args, "auth", None)))
-    except AuthError as exc:
-        print(f"dagtop: --auth: {exc}", file=sys.stderr)
-        return exc.code
-    except BindError as exc:
-        print(f"dagtop: {exc}", file=sys.stderr)
-        return Exit.CANNOT_BIND
+    source = bind_live("dagtop", args.bind, getattr(args, "auth", None))
+    if isinstance(source, int):
+        return source
     pipeline = Pipeline(expected_ranks=args.ranks, bandwidth_gbps=getattr(args, "bandwidth", None))
     if getattr(args, "metrics_port", None) is None:
         return _run(source, expected_ranks=args.ranks, pipeline=pipeline,
