@@ -33,7 +33,7 @@ from dagtop.demo.launch import SILENCE_TIMEOUT_S, DemoJob, free_endpoint
 from dagtop.io.folded import load
 from dagtop.io.recording import RecordingWriter
 from dagtop.io.sources import ZmqSource
-from dagtop.model.advice import MIN_GAIN, Advice, Candidate, Kind, advise_snapshot
+from dagtop.model.advice import MIN_GAIN, Advice, Candidate, Confidence, Kind, advise_snapshot
 
 JOBS_SCRIPT = str(Path(__file__).with_name("advice_jobs.py"))
 RECORD_ITERATIONS = 60
@@ -136,7 +136,8 @@ def trials(advice: Advice, job: JobKind) -> list[Trial]:
     if model is not None and not model.default and any(t.candidate.kind is Kind.BUCKETS and t.arm != "cap=default"
                                                        and not t.keep for t in out):
         default = model.tried[0]  # DDP's default grouping, always tried first
-        c = Candidate(Kind.BUCKETS, "DDP's default buckets (reference)", "", {}, speedup=0.0)
+        c = Candidate(Kind.BUCKETS, "DDP's default buckets (reference)", "", {}, speedup=0.0,
+                      confidence=Confidence.LOWER, doubt="not advised: re-run as what the advised change must beat")
         out.append(Trial(c, "cap=default", model.now.median_ms / default.median_ms, reference=True))
     return out
 
