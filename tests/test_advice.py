@@ -274,3 +274,20 @@ def test_accumulation_on_cpu_ranks_also_frees_the_cpu_the_all_reduces_took_besid
     assert cpu.step_ms is not None and gpu.step_ms is not None
     # Three micro-batches of the four give it back (the step shown is the measured one over the replayed speedup).
     assert gpu.step_ms - cpu.step_ms == pytest.approx(3 * freed, rel=0.25)
+
+
+def test_nothing_is_advised_when_the_step_changed_within_the_window() -> None:
+    """The second half of the window 1.5 times slower (another job took the cores): held, with both medians; 10 %
+    slower is within what a steady job drifts on a shared machine, and is advised."""
+    snap = run(COMM_HEAVY)
+    window = advice_module.window_of(snap.iterations)
+    late = {a.iteration for a in window[len(window) // 2:]}
+
+    def slower(factor: float) -> tuple:
+        return tuple(dataclasses.replace(a, measured_ms=a.measured_ms * factor, predicted_ms=a.predicted_ms * factor)
+                     if a.iteration in late else a for a in snap.iterations)
+
+    held = advise(slower(1.5), snap.ranks, snap.buckets, snap.telemetry)
+    assert held.held.startswith("the step changed within these iterations") and not held.fixes
+    assert advice_module.MAX_DRIFT < 0.5
+    assert not advise(slower(1.1), snap.ranks, snap.buckets, snap.telemetry).held

@@ -7,9 +7,10 @@ why. Every prediction is the iteration as the DAG replays it with the change, ov
 ``speedup`` is the replayed iteration now over the replayed iteration changed (medians), the step time shown is the
 measured one over that speedup.
 
-Nothing is advised from fewer iterations than the steady verdict's window (:data:`dagtop.model.verdict.WINDOW`) nor
+Nothing is advised from fewer iterations than the steady verdict's window (:data:`dagtop.model.verdict.WINDOW`), nor
 when the replay misses the measured iterations by more than :data:`MAX_REPLAY_ERROR` (ByteDance's straggler
-what-if discards such traces too, OSDI'25).
+what-if discards such traces too, OSDI'25), nor when the step drifted within the window by more than
+:data:`MAX_DRIFT`.
 """
 
 from __future__ import annotations
@@ -27,12 +28,19 @@ from dagtop.model.candidates import MAKERS
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
 from instrument.wire import Buckets, Telemetry
 
-__all__ = ["MAX_REPLAY_ERROR", "MIN_GAIN", "WINDOW", "Advice", "Candidate", "Confidence", "Kind", "advise",
+__all__ = ["MAX_DRIFT", "MAX_REPLAY_ERROR", "MIN_GAIN", "WINDOW", "Advice", "Candidate", "Confidence", "Kind", "advise",
            "advise_snapshot", "window_of"]
 
 WINDOW = 50
 """Steady iterations the advice reads at most: its medians steady over more of them than the verdict's window (which
 is the least it needs)."""
+MAX_DRIFT = 0.33
+"""The most the median step of the window's two halves may differ (the larger over the smaller, less one). Past it
+the job changed speed within the window (another job took its cores, a new phase of training), and the advice
+waits: on a 2-core machine whose load rose from about 7 to 14 mid-recording (halves 73.5 and 123.3 ms, +68 %,
+2026-11-27), the bucket change predicted from the mixture gained ×2.42 where ×1.57 was predicted
+(benchmarks/validate_advice.py); the other recordings of that run drifted 1-13 %, the demo's fixtures up to 25 %.
+A third lies between."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,12 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
         return Advice(len(chosen), needed, step, error, f"the model replays these iterations {error * 100:.1f} % off "
                       f"what was measured (over {MAX_REPLAY_ERROR * 100:.0f} %): its predictions would not hold",
                       last_iteration=last)
+    half = len(chosen) // 2
+    early, late = (statistics.median(a.measured_ms for a in part) for part in (chosen[:half], chosen[half:]))
+    if max(early, late) > (1 + MAX_DRIFT) * min(early, late):
+        return Advice(len(chosen), needed, step, error, f"the step changed within these iterations (median "
+                      f"{early:.1f} ms in the first half, {late:.1f} ms in the second): a prediction from both would "
+                      "hold for neither", last_iteration=last)
     ranks_now = len(chosen[-1].ranks)
     backwards = [b for b in map(backward_of, chosen) if b is not None]
     comm = fit([o for b in backwards for o in b.observed()], ranks_now)
