@@ -25,34 +25,11 @@ from common import Losses, finish, save_losses, start
 from torch import nn
 from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel as DDP
+from toy import VOCAB, Transformer
 
 import instrument
 
-VOCAB, WIDTH, SEQ, BATCH = 64, 64, 32, 16
-
-
-class Layer(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(self.norm(x))
-
-
-class Transformer(nn.Module):
-    def __init__(self, layers: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.layers = nn.ModuleList(Layer() for _ in range(layers))
-        self.head = nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
+WIDTH, SEQ, BATCH = 64, 32, 16
 
 
 def wrap(model: Transformer, order: str, backend: str) -> nn.Module:
@@ -73,7 +50,7 @@ def main() -> None:
     parser.add_argument("--counts", default=os.environ.get("JOB_OUT", "."))
     args = parser.parse_args()
     rank, _ = start()
-    model = wrap(Transformer(), args.order, args.backend)
+    model = wrap(Transformer(2, WIDTH, attention=False), args.order, args.backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     tracer = instrument.attach(model, optimizer)
     g = torch.Generator().manual_seed(1000 + rank)

@@ -23,38 +23,11 @@ import torch
 import torch.distributed as dist
 from common import Losses, finish, save_losses, start
 from torch import nn
+from toy import VOCAB, Transformer
 
 import instrument
 
-VOCAB, WIDTH, SEQ, BATCH = 64, 32, 16, 8
-
-
-class Layer(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.attn = nn.MultiheadAttention(width, 4, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(x)
-
-
-class Transformer(nn.Module):
-    def __init__(self, layers: int, width: int) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, width)
-        self.layers = nn.ModuleList(Layer(width) for _ in range(layers))
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.norm(x))
+WIDTH, SEQ, BATCH = 32, 16, 8
 
 
 def shard(model: Transformer, mode: str, hsdp: bool) -> nn.Module:
@@ -88,7 +61,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=WIDTH)
     args = parser.parse_args()
     rank, _ = start()
-    model = shard(Transformer(args.layers, args.width), args.mode, args.hsdp)
+    model = shard(Transformer(args.layers, args.width, final_norm=True), args.mode, args.hsdp)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     tracer = instrument.attach(model, optimizer)
     micro = args.micro if args.mode == "accumulate" else 1

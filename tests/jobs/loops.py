@@ -17,37 +17,11 @@ import torch
 from common import Losses, finish, save_losses, start
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from toy import VOCAB, Transformer
 
 import instrument
 
-VOCAB, WIDTH, SEQ, BATCH = 64, 32, 16, 8
-
-
-class Layer(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.attn = nn.MultiheadAttention(WIDTH, 4, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(x)
-
-
-class Transformer(nn.Module):
-    def __init__(self, layers: int = 4) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.layers = nn.ModuleList(Layer() for _ in range(layers))
-        self.head = nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
+WIDTH, SEQ, BATCH = 32, 16, 8
 
 
 def batches(rank: int, n: int) -> list[torch.Tensor]:
@@ -68,7 +42,7 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=3)
     args = parser.parse_args()
     rank, _ = start()
-    model = DDP(Transformer())
+    model = DDP(Transformer(4, WIDTH))
     losses = Losses()
     micro = args.micro if args.mode == "accumulate" else 1
     data = batches(rank, args.steps * micro)
