@@ -118,7 +118,13 @@ def launch(script: Path, args: list[str], ranks: int, work: Path) -> tuple[Path,
 
 def overlap(out: Path, runs: int, pairs: int) -> None:
     """'perfect overlap' on one 40 MB bucket against the same job's steps with a comm hook that communicates
-    nothing, blocks interleaved in one job (benchmarks/overlap_truth.py)."""
+    nothing, blocks interleaved in one job (benchmarks/overlap_truth.py).
+
+    Both sides over the same steps: dagtop's counted iterations (past warm-up, none right after a block of the
+    copy) and the job's own clock in those very steps, against the copy's steps. The error is split in two: the
+    replay's 'perfect overlap' iteration against the copy's step (the replay's own part), and the job's compute
+    (forward, backward to its last gradient, optimizer step, by its own clock) in the steps with communication over
+    the steps without (what the replay holds fixed: compute slowed by communication it does not overlap)."""
     out.mkdir(parents=True, exist_ok=True)
     busy = hog()
     try:
@@ -132,27 +138,59 @@ def overlap(out: Path, runs: int, pairs: int) -> None:
                     print("overlap: broken run\n" + log[-2000:], flush=True)
                     continue
                 truth = json.loads(truth_path.read_text())
+                ranks = [truth, *(json.loads(p.read_text()) for p in sorted(work.glob("truth-*.json")))]
                 pipeline, _ = load(str(path))
                 skip = set(truth["after_silent"])
                 kept = [a for a in pipeline.analyses() if counts(a) and a.iteration not in skip]
+                seen = {a.iteration for a in kept}
                 perfect = [w.iteration_ms for a in kept for w in a.what_if if w.change.value == "perfect overlap"]
+                talking = [t / 1e6 for t, i in zip(truth["times"]["talking"], truth["talked"]) if i in seen]
+                silent = [t / 1e6 for t in truth["times"]["silent"]]
                 parts = summarize(kept)["decomposition"]
+                predicted = statistics.median(a.predicted_ms for a in kept) / statistics.median(perfect)
+                measured = statistics.median(talking) / statistics.median(silent)
                 result = {
-                    "predicted": statistics.median(a.predicted_ms for a in kept) / statistics.median(perfect),
-                    "truth": statistics.median(truth["times"]["talking"]) / statistics.median(truth["times"]["silent"]),
-                    "talking_ms": statistics.median(truth["times"]["talking"]) / 1e6,
-                    "silent_ms": statistics.median(truth["times"]["silent"]) / 1e6,
+                    "predicted": predicted, "truth": measured, "error": (predicted / measured - 1) * 100,
+                    "talking_ms": statistics.median(talking), "silent_ms": statistics.median(silent),
                     "measured_ms": statistics.median(a.measured_ms for a in kept),
-                    "perfect_ms": statistics.median(perfect), "decomposition": parts, "iterations": len(kept),
-                    "load": os.getloadavg()}
+                    "perfect_ms": statistics.median(perfect),
+                    "perfect_over_silent": statistics.median(perfect) / statistics.median(silent),
+                    "compute_talking_over_silent": [_compute(r, "talking") / _compute(r, "silent") for r in ranks],
+                    "decomposition": parts, "iterations": len(kept), "load": os.getloadavg()}
                 (out / f"overlap-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json").write_text(json.dumps(result))
-                print(f"overlap: predicted ×{result['predicted']:.2f}, measured ×{result['truth']:.2f} "
-                      f"(with comm {result['talking_ms']:.0f} ms, without {result['silent_ms']:.0f} ms by the job's "
-                      f"clock; dagtop {result['measured_ms']:.0f} → {result['perfect_ms']:.0f} ms), "
-                      f"{parts}, load {result['load'][0]:.1f}", flush=True)
+                print(f"overlap: predicted ×{predicted:.2f}, measured ×{measured:.2f} ({result['error']:+.1f} %; "
+                      f"with comm {result['talking_ms']:.0f} ms, without {result['silent_ms']:.0f} ms by the job's "
+                      f"clock in the same steps; dagtop {result['measured_ms']:.0f} → {result['perfect_ms']:.0f} ms: "
+                      f"×{result['perfect_over_silent']:.3f} of the step without; the job's compute with / without "
+                      f"comm {' '.join(f'×{c:.3f}' for c in result['compute_talking_over_silent'])}), "
+                      f"load {result['load'][0]:.1f}", flush=True)
     finally:
         busy.kill()
         busy.wait()
+
+
+def _compute(truth: dict[str, Any], which: str) -> float:
+    """Median compute per step by the job's clock: forward, backward to its last gradient, optimizer step."""
+    return statistics.median(p[1] + (p[3] - p[2]) for p in truth["phases"][which])
+
+
+def overlap_summary(runs: list[dict[str, Any]]) -> None:
+    """The one-bucket 'perfect overlap' runs: error, its two parts, spread."""
+    runs = [r for r in runs if "compute_talking_over_silent" in r]
+    if not runs:
+        return
+    errors = sorted(r["error"] for r in runs)
+    replay = sorted((r["perfect_over_silent"] - 1) * 100 for r in runs)
+    compute = sorted((c - 1) * 100 for r in runs for c in r["compute_talking_over_silent"])
+    print(f"one bucket, 'perfect overlap' against the steps without communication, {len(runs)} runs: within ±10 % in "
+          f"{sum(abs(e) <= 10 for e in errors)}; error median {statistics.median(errors):+.1f} %, range "
+          f"{errors[0]:+.1f} … {errors[-1]:+.1f} %; predicted ×{min(r['predicted'] for r in runs):.2f}–"
+          f"×{max(r['predicted'] for r in runs):.2f}, measured ×{min(r['truth'] for r in runs):.2f}–"
+          f"×{max(r['truth'] for r in runs):.2f}")
+    print(f"  the replay's step without the collective over the job's step without communication: median "
+          f"{statistics.median(replay):+.1f} %, range {replay[0]:+.1f} … {replay[-1]:+.1f} %")
+    print(f"  the job's compute in steps with communication over steps without (each rank): median "
+          f"{statistics.median(compute):+.1f} %, range {compute[0]:+.1f} … {compute[-1]:+.1f} %")
 
 
 def judge(case: str, spec: dict[str, Any], path: Path, truth: list[dict[str, Any]]) -> dict[str, Any]:
@@ -193,6 +231,7 @@ def judge(case: str, spec: dict[str, Any], path: Path, truth: list[dict[str, Any
     out["live_excess_ms"] = last.busy_excess_ms if last is not None and last.rank == slow else None
     fix = next((w for w in summary["what_if"] if w["change"] == "straggler at median" and w.get("rank") == slow), None)
     out["predicted_speedup"] = fix["speedup"] if fix else None
+    out["lower_bound"] = bool(fix and fix.get("lower_bound"))
     out["category_excess_ms"] = st["excess_ms"] if st and st["rank"] == slow else None
     if len(truth) == spec["ranks"]:
         # The same steps dagtop timed (past its warm-up), by the job's own clock: the slow category's excess
@@ -288,7 +327,8 @@ def _line(r: dict[str, Any]) -> str:
 
 
 def summary(out: Path) -> None:
-    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    overlap_summary([json.loads(p.read_text()) for p in sorted(out.glob("overlap-*.json"))])
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if not p.name.startswith("overlap-")]
     broken = [r for r in runs if "error" in r]
     runs = [r for r in runs if "error" not in r]
     print(f"{len(runs)} runs ({len(broken)} broken) in {out}")
