@@ -15,7 +15,7 @@ from dagtop.model.replay import CriticalNodes, critical_nodes, critical_segments
 from dagtop.model.snapshot import AlphaBeta, Collective, IterationAnalysis, RankRow, Segment, Straggler
 from dagtop.model.table import F64, I64, concat_ranges, run_starts
 from dagtop.model.tasks import NO_TASKS
-from dagtop.model.whatif import run_scenarios, scenarios, unexplained, what_ifs
+from dagtop.model.whatif import CoHost, run_scenarios, scenarios, unexplained, what_ifs
 from instrument.events import CATEGORIES, CATEGORY_CODE, Event
 
 STRAGGLER_MIN_MS = 1.0
@@ -38,6 +38,7 @@ def analyse(
     learn: bool = False,
     bandwidth_gbps: float | None = None,
     suspect: tuple[int, str] | None = None,
+    cohosts: Mapping[int, CoHost] | None = None,
 ) -> IterationAnalysis:
     """Analyse one iteration from the events of the ranks that reported it.
 
@@ -48,15 +49,17 @@ def analyse(
     Args:
         suspect: (rank, category) of the straggler the steady verdict names so far, whose 'straggler at median'
             this iteration replays; None: no such what-if.
+        cohosts: the CPU ranks sharing their host with other ranks (:func:`dagtop.model.whatif.cohosts`).
     """
     dag = assemble(events, offsets, previous_end)
-    return analyse_dag(iteration, dag, complete, comm, with_tasks, interference, learn, bandwidth_gbps, suspect)
+    return analyse_dag(iteration, dag, complete, comm, with_tasks, interference, learn, bandwidth_gbps, suspect,
+                       cohosts)
 
 
 def analyse_dag(
     iteration: int, dag: IterationDag, complete: bool, comm: AlphaBeta | None, with_tasks: bool = True,
     interference: InterferenceFit | None = None, learn: bool = False, bandwidth_gbps: float | None = None,
-    suspect: tuple[int, str] | None = None,
+    suspect: tuple[int, str] | None = None, cohosts: Mapping[int, CoHost] | None = None,
 ) -> IterationAnalysis:
     """As :func:`analyse`; ``interference``, when given, is read for the what-ifs, then fed this iteration
     (``learn``: not for warm-up iterations)."""
@@ -73,7 +76,7 @@ def analyse_dag(
     busy = _busy(dag)
     deviation = _deviation(dag, busy)
     straggler = _straggler(dag, nodes, end[0], measured_ms, deviation)
-    cases = scenarios(dag, suspect, comm, busy, bandwidth_gbps)
+    cases = scenarios(dag, suspect, comm, busy, bandwidth_gbps, cohosts)
     fitted = tuple(interference.model().values()) if interference is not None else ()
     odd = unexplained(fitted)
     if odd:

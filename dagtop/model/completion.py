@@ -19,7 +19,7 @@ from dagtop.model.frames import RawFrame
 from dagtop.model.interference import InterferenceFit
 from dagtop.model.snapshot import WARM_UP, IterationAnalysis
 from dagtop.model.tasks import NO_TASKS
-from dagtop.model.whatif import CommFit, transfers
+from dagtop.model.whatif import CommFit, cohosts, transfers
 from instrument import wire
 
 _REMEMBERED = 65_536
@@ -203,10 +203,14 @@ class Completion:
         warm_up = it - (run.base if run is not None else 0) < WARM_UP
         previous = {r: end + offsets[r] for r in ranks
                     if (s := states.get(r)) is not None and (end := s.update_end.get(it - 1)) is not None}
+        suspect = self._suspect(it)
+        # Only a compute straggler's replay asks which CPU ranks share a host: looked up then, not every iteration.
+        shared = cohosts({r: (s.hello.host, s.hello.device) for r, s in states.items() if s.hello is not None}) \
+            if suspect is not None and suspect[1] == "compute" else None
         try:
             analysis = analyse(it, events, offsets, previous, complete, self._comm.model(),
                                interference=self._interference, learn=not warm_up,
-                               bandwidth_gbps=self.bandwidth_gbps, suspect=self._suspect(it))
+                               bandwidth_gbps=self.bandwidth_gbps, suspect=suspect, cohosts=shared)
         except Exception as exc:  # noqa: BLE001 - a model bug must not take the monitor down
             self._admission.reject(f"iteration {it} could not be analysed: {type(exc).__name__}: {exc}")
             return None

@@ -154,6 +154,8 @@ class WhatIf:
     unpredictable: str = ""
     """Why the model cannot predict this change on this job (then ``iteration_ms`` and ``speedup`` are NaN); empty
     when it can."""
+    lower_bound: str = ""
+    """Why the predicted gain is a lower bound on this job (the screen writes ``≥×1.35``); empty when it is not."""
 
     @property
     def predictable(self) -> bool:

@@ -158,5 +158,7 @@ def _what_ifs(analyses: Sequence[IterationAnalysis], straggler: int | None) -> l
             entry["bandwidth_gbps"] = last.bandwidth_gbps  # the last: it follows the fit as the run goes
         if last.rank is not None:
             entry["rank"] = last.rank
+        if last.lower_bound:
+            entry["lower_bound"] = last.lower_bound
         out.append(entry)
     return out

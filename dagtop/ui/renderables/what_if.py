@@ -28,10 +28,12 @@ def efficiency_text(w: WhatIf) -> Text:
 
 def throughput_text(w: WhatIf, with_efficiency: bool = True) -> Text:
     """``×1.36``; with more workers also the scaling efficiency, ``×1.54 (77 %)``: per-iteration time alone
-    would read as "more GPUs make it slower" under weak scaling. ``—`` for a change the model cannot predict."""
+    would read as "more GPUs make it slower" under weak scaling. ``—`` for a change the model cannot predict;
+    ``≥×1.36`` for a gain that is a lower bound on this job."""
     if not w.predictable:
         return Text("—", style="dim")
-    text = Text(f"×{w.throughput:.2f}", style="bold green" if w.throughput > 1.05 else "")
+    at_least = "≥" if w.lower_bound else ""  # the details say why the gain is at least this
+    text = Text(f"{at_least}×{w.throughput:.2f}", style="bold green" if w.throughput > 1.05 else "")
     if with_efficiency:
         text.append_text(efficiency_text(w))
     return text
@@ -57,7 +59,8 @@ def what_if_table(analysis: IterationAnalysis, width: int, height: int | None = 
         if narrow and w.predictable:
             marks.append_text(efficiency_text(w))
         names.append((Text(w.label, style=colour(w.change.category)), marks))
-    ms = [f"{analysis.predicted_ms:.1f}", *(f"{w.iteration_ms:.1f}" if w.predictable else "—" for w in changes)]
+    ms = [f"{analysis.predicted_ms:.1f}",
+          *(f"{'≤' if w.lower_bound else ''}{w.iteration_ms:.1f}" if w.predictable else "—" for w in changes)]
     throughput = [Text("×1.00"), *(throughput_text(w, not narrow) for w in changes)]
     ms_w = max(len("ms/it"), *map(len, ms))
     figures_w = max(t.cell_len for t in throughput)

@@ -57,7 +57,7 @@ class WhatIfDetails:
                     Text("What each change assumes", style="bold underline"), assumes, Text(""),
                     Text("Where it came from", style="bold underline"), _decomposition(a), _interference(a),
                     _scaling(a),
-                    Text(""), _confidence(a), _unpredictable(a), Text(""),
+                    Text(""), _confidence(a), _lower_bounds(a), _unpredictable(a), Text(""),
                     Text("Every other task keeps its measured duration and order, except compute that ran under a "
                          "collective: a change to communication rescales it by the interference fitted above.",
                          style="dim"),
@@ -107,6 +107,17 @@ def _unpredictable(a: IterationAnalysis) -> RenderableType:
     for w in odd:
         reasons.add_row(Text(w.label, style="bold"), Text(w.unpredictable))
     return Group(Text(""), Text("Not predictable on this job (— in the table)", style="bold"), reasons)
+
+
+def _lower_bounds(a: IterationAnalysis) -> RenderableType:
+    """The changes whose gain is a lower bound on this job (≥ in the table), each with why."""
+    low = [w for w in a.what_if if w.lower_bound and w.predictable]
+    if not low:
+        return Text("")
+    reasons = _grid()
+    for w in low:
+        reasons.add_row(Text(w.label, style="bold"), Text(w.lower_bound))
+    return Group(Text(""), Text("At least this (≥ in the table)", style="bold"), reasons)
 
 
 def _confidence(a: IterationAnalysis) -> RenderableType:
