@@ -203,7 +203,7 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
                 throughput += f" (rank {x['rank']}, over the {x['iterations']} iterations that replayed it)"
             w(f"  {change:<22} {x['iteration_ms']:8.1f} ms/it  {throughput}\n")
             if x.get("lower_bound"):
-                w(f"  {'':<22} {'':>8}        a lower bound: {x['lower_bound']}\n")
+                w(f"  {'':<22} {'':>8}        at least: {x['lower_bound']}\n")
     for x in s.get("stalls", ()):
         held = [Holder(h["rank"], h["task"], h["open_s"], h["silent_s"]) for h in x["holders"]]
         said = [f"rank {h.rank} held the job ({h.describe()})" for h in held] or ["no holder known"]

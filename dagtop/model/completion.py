@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from dagtop.model import verdict
 from dagtop.model.admission import Admission
@@ -17,9 +17,10 @@ from dagtop.model.analysis import analyse
 from dagtop.model.clocks import ClockAligner
 from dagtop.model.frames import RawFrame
 from dagtop.model.interference import InterferenceFit
+from dagtop.model.jobs import RankState
 from dagtop.model.snapshot import WARM_UP, IterationAnalysis
 from dagtop.model.tasks import NO_TASKS
-from dagtop.model.whatif import CommFit, cohosts, transfers
+from dagtop.model.whatif import CoHost, CommFit, cohosts, transfers
 from instrument import wire
 
 _REMEMBERED = 65_536
@@ -100,6 +101,9 @@ class Completion:
         self._tasks_kept = 0
         self._comm = CommFit()
         self._interference = InterferenceFit()
+        self._hellos: tuple[wire.Hello | None, ...] = ()
+        self._shared: dict[int, CoHost] = {}
+        """The CPU ranks sharing a host with other ranks, for the hellos in ``_hellos``."""
 
     def add(self, raw: RawFrame, frame: wire.IterationBatch) -> None:
         """One admitted iteration frame: pending, or a late part of an iteration already given up on."""
@@ -204,9 +208,7 @@ class Completion:
         previous = {r: end + offsets[r] for r in ranks
                     if (s := states.get(r)) is not None and (end := s.update_end.get(it - 1)) is not None}
         suspect = self._suspect(it)
-        # Only a compute straggler's replay asks which CPU ranks share a host: looked up then, not every iteration.
-        shared = cohosts({r: (s.hello.host, s.hello.device) for r, s in states.items() if s.hello is not None}) \
-            if suspect is not None and suspect[1] == "compute" else None
+        shared = self._cohosts(states)
         try:
             analysis = analyse(it, events, offsets, previous, complete, self._comm.model(),
                                interference=self._interference, learn=not warm_up,
@@ -221,6 +223,15 @@ class Completion:
             for count, nbytes, seconds in transfers(analysis.collectives):
                 self._comm.add(len(analysis.ranks), nbytes, seconds, count)
         return analysis
+
+    def _cohosts(self, states: Mapping[int, RankState]) -> dict[int, CoHost]:
+        """The CPU ranks sharing a host with other ranks, as the hellos say; worked out again only when a rank's
+        hello is another than last time (a new process, a new run), not every iteration."""
+        hellos = tuple(s.hello for s in states.values())
+        if hellos != self._hellos:
+            self._hellos = hellos
+            self._shared = cohosts({r: (s.hello.host, s.hello.device) for r, s in states.items() if s.hello is not None})
+        return self._shared
 
     def _suspect(self, it: int) -> tuple[int, str] | None:
         """(rank, category) of the straggler the steady verdict named as of the iteration before ``it``."""
