@@ -232,7 +232,8 @@ def shared_cores(rank: int, shared: CoHost) -> str:
     slows a CPU rank's compute on a shared host (another process, more threads than cores) also takes CPU from the
     ranks and the communication threads beside it: taking it away speeds them up as well. Measured on a 2-core
     host (2 and 4 gloo ranks, a CPU hog started by one rank, switched off and on in the same job;
-    benchmarks/verdict_accuracy.py): the real gain was above the replay's in every run, by 8–28 %."""
+    benchmarks/verdict_accuracy.py, three campaigns): the replay's gain was below the real one in all 18 runs, by
+    5–28 %."""
     others = ", ".join(map(str, shared.others))
     return (f"rank {rank} computes on the cores of host {shared.host} with rank"
             f"{'s' if len(shared.others) > 1 else ''} {others}; what slows it there takes CPU from them too, and "
@@ -244,16 +245,16 @@ def comm_on_shared_cores(shared: Mapping[int, CoHost]) -> str:
 
     Measured inside one job (benchmarks/verdict_accuracy.py --overlap: one 40 MB bucket, all-reduced only after the
     whole backward, 2 gloo ranks on 2 shared cores, blocks of steps with and without communication interleaved):
-    the replay's iteration without the collective matched the path's own tasks, but the job's compute (forward,
-    backward, optimizer step, by its own clock) ran 7–22 % slower in the steps with communication than in the steps
-    without, though never at the same time as the all-reduce; the replay holds compute as measured, so the gain of
-    no communication was 11–18 % above its figure at load 16. The job's own iterations cannot show it (every one
-    communicates), so the model cannot fit it as it fits the interference of compute under a collective."""
+    the job's compute (forward, backward, optimizer step, by its own clock) ran 4–22 % slower in the steps with
+    communication than in the steps without, though never at the same time as the all-reduce; the replay holds
+    compute as measured, so its figure was 3–18 % below the gain of no communication (6 runs of 8 pairs of blocks,
+    load 14–16). The job's own iterations cannot show it (every one communicates), so the model cannot fit it as
+    it fits the interference of compute under a collective."""
     hosts = ", ".join(sorted({c.host for c in shared.values()}))
     return (f"the ranks on host{'s' if ',' in hosts else ''} {hosts} compute on cores that gloo's threads share, "
             "and there compute ran slower in steps with communication than in steps without even "
             "where the two did not overlap, which the replay holds as measured (one 40 MB bucket on 2 shared cores: "
-            "the gain of no communication 11–18 % above this figure under heavy load)")
+            "this figure was 3–18 % below the gain of no communication in 6 of 6 runs)")
 
 
 def unexplained(fitted: Sequence[Interference]) -> str:
