@@ -18,15 +18,15 @@ import socket
 import pytest
 from rich.console import Console
 
+from dagtop.commands.report import write_text
 from dagtop.model.analysis import analyse
 from dagtop.model.change import Change
+from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import IterationAnalysis, WhatIf
 from dagtop.model.summary import summarize
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from dagtop.model.whatif import CoHost, cohosts
-from dagtop.recording import RawFrame
-from dagtop.report import write_text
 from dagtop.ui.renderables.what_if import what_if_table
 from dagtop.ui.screens.what_if import WhatIfDetails
 from instrument import wire
