@@ -100,24 +100,24 @@ def _scaling(a: IterationAnalysis) -> RenderableType:
 
 def _unpredictable(a: IterationAnalysis) -> RenderableType:
     """The changes the model cannot predict on this job (— in the table), each with why."""
-    odd = [w for w in a.what_if if not w.predictable]
-    if not odd:
-        return Text("")
-    reasons = _grid()
-    for w in odd:
-        reasons.add_row(Text(w.label, style="bold"), Text(w.unpredictable))
-    return Group(Text(""), Text("Not predictable on this job (— in the table)", style="bold"), reasons)
+    return _reasons("Not predictable on this job (— in the table)",
+                    [(w.label, w.unpredictable) for w in a.what_if if not w.predictable])
 
 
 def _lower_bounds(a: IterationAnalysis) -> RenderableType:
     """The changes whose gain is a lower bound on this job (≥ in the table), each with why."""
-    low = [w for w in a.what_if if w.lower_bound and w.predictable]
-    if not low:
+    return _reasons("At least this (≥ in the table)",
+                    [(w.label, w.lower_bound) for w in a.what_if if w.lower_bound and w.predictable])
+
+
+def _reasons(title: str, rows: list[tuple[str, str]]) -> RenderableType:
+    """A titled list of changes, each with its reason; nothing when there are none."""
+    if not rows:
         return Text("")
     reasons = _grid()
-    for w in low:
-        reasons.add_row(Text(w.label, style="bold"), Text(w.lower_bound))
-    return Group(Text(""), Text("At least this (≥ in the table)", style="bold"), reasons)
+    for label, why in rows:
+        reasons.add_row(Text(label, style="bold"), Text(why))
+    return Group(Text(""), Text(title, style="bold"), reasons)
 
 
 def _confidence(a: IterationAnalysis) -> RenderableType:
