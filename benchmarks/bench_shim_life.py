@@ -79,9 +79,8 @@ for x, y in batches[6:]:
 print("stepped", flush=True)
 sys.stdin.readline()  # until the monitor has read the hello and the three iterations (a blocking read: no CPU)
 total, after = time.process_time() - cpu, thread_cpu()
-sent = tracer._publisher.iterations
 tracer.close()
-print(json.dumps({{"attach": attach_cpu, "startup": total - plain_cpu, "sent": sent,
+print(json.dumps({{"attach": attach_cpu, "startup": total - plain_cpu,
                   "threads": {{k: (after[k] - threads[k] - plain_threads[k]) / 1e9 for k in threads}}}}))
 """
 
@@ -120,7 +119,7 @@ def startup(repeats: int = 7) -> None:
     rows = []
     cache = tempfile.TemporaryDirectory()
     try:
-        for repeat in range(repeats + 1):
+        for _ in range(repeats + 1):
             code = _STARTUP_CHILD.format(benchmarks=str(Path(__file__).resolve().parent), port=str(free_port()),
                                          endpoint=endpoint)
             # The shim's bytecode written once and read after, as an installed package has it (pip compiles it at
@@ -167,8 +166,6 @@ def startup(repeats: int = 7) -> None:
 
 
 def _long_rank(rank: int, port: int, seconds: float, out: str, kind: str = "mlp") -> None:
-    import itertools
-
     import job_kinds
     import torch
     import torch.distributed as dist
