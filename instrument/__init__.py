@@ -77,9 +77,11 @@ def attach(
     One tracer per process: a second ``attach`` while one is open is refused the same way (its frames would
     carry the same rank and iteration numbers as the first's); attach every model at once, as lists.
     """
+    from instrument import settings
     from instrument.tracer import NullTracer, Tracer, open_tracer
 
-    if os.environ.get("DAGTOP_DISABLE", "") not in ("", "0"):
+    said = settings.read()
+    if said.disabled:
         return NullTracer()
     if granularity not in ("block", "layer"):
         raise ValueError(f"granularity must be 'block' or 'layer', not {granularity!r}")
@@ -103,9 +105,11 @@ def attach(
             rank=rank,
             world=world,
             local_rank=local_rank,
-            endpoint=endpoint or os.environ.get("DAGTOP_ENDPOINT") or DEFAULT_ENDPOINT,
+            endpoint=endpoint or said.endpoint,
             granularity=granularity,
             sample_every=sample_every,
+            heartbeat=said.heartbeat,
+            telemetry=said.telemetry,
         )
     except Exception as exc:  # noqa: BLE001 - an unsupported model must not stop training
         warnings.warn(f"dagtop: could not attach ({type(exc).__name__}: {exc}); training continues untimed",

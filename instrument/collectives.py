@@ -30,7 +30,7 @@ from typing import Any, Final
 import torch
 import torch.distributed as dist
 
-from instrument.events import SCRIPT
+from instrument.events import COLLECTIVE, SCRIPT
 from instrument.fsdp import _Names as Names
 from instrument.timing import Stamp, Switch
 
@@ -123,12 +123,12 @@ class ScriptCollectives:
             try:
                 if work is None or not argument("async_op", args, kwargs):
                     open_.pop(key, None)
-                    sink(("allreduce", "allreduce", name, "comm", ready, stamp(), size))
+                    sink(COLLECTIVE.event(name, "comm", ready, stamp(), size))
                 else:
                     def done(_: Any) -> None:
                         open_.pop(key, None)
                         try:
-                            sink(("allreduce", "allreduce", name, "comm", ready, stamp(), size))
+                            sink(COLLECTIVE.event(name, "comm", ready, stamp(), size))
                         except Exception as exc:  # noqa: BLE001
                             fail(exc)
 

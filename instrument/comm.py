@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from instrument import wire
+from instrument.events import COLLECTIVE, SYNC_ON_MAIN
 from instrument.teardown import Held, Pending, restash_context, unstash_context
 from instrument.timing import Stamp, Switch
 
@@ -228,7 +229,7 @@ class BucketTimer:
         def done(future: Any, held: Held = Held(self.pending)) -> Any:  # noqa: B008 - one per callback, on purpose
             open_.pop(index, None)
             try:
-                sink(("allreduce", "allreduce", name, "comm", ready, stamp(), size))
+                sink(COLLECTIVE.event(name, "comm", ready, stamp(), size))
             except Exception as exc:  # noqa: BLE001
                 fail(exc)
             return future.value()  # a failed collective raises here, as it would without dagtop
@@ -342,7 +343,7 @@ def time_buffer_sync(
         start = now()
         result = sync(*args, **kwargs)
         try:
-            sink(("allreduce", "custom", "ddp.sync_buffers", "main", start, now(), size))
+            sink(SYNC_ON_MAIN.event("ddp.sync_buffers", "main", start, now(), size))
         except Exception as exc:  # noqa: BLE001
             fail(exc)
         return result

@@ -1,11 +1,18 @@
 """The task record both sides share: :class:`Event`, its vocabulary, and :class:`EventColumns`, a frame's events
-stored field by field. Stdlib only: a training rank imports it."""
+stored field by field. Stdlib only: a training rank imports it.
+
+The vocabulary is declared here once: the categories, phases and lanes; the kinds of task the shim times
+(:class:`TaskKind`: ``FORWARD``, ``LOAD``, ...), with which every event is built; and the kinds of collective
+(:class:`CollectiveKind`), whose names (``all-gather layers.0``) the shim writes with :func:`collective_name` and the
+monitor reads with :func:`collective_kind`. A new kind of task or collective is one line here.
+"""
 
 from __future__ import annotations
 
+import enum
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Final, NamedTuple, overload
+from typing import Any, Final, NamedTuple, TypeAlias, overload
 
 CATEGORIES: Final = ("compute", "io", "pcie", "allreduce", "other")
 """What kind of resource a task occupies: the categories of the critical path."""
@@ -24,15 +31,46 @@ SCRIPT: Final = " (script)"
 """Ends the name of a collective the training script called itself, by op (``all_reduce (script)``,
 ``barrier (script) #2``: the second of one name in an iteration; instrument/collectives.py). The monitor matches
 these across ranks as collectives that hold the calling rank's training thread."""
-COLLECTIVE_WORDS: Final = ("all-reduce", "all-gather", "reduce-scatter")
-"""First word of the collectives dagtop times in a framework (DDP's ``all-reduce bucket 7``, FSDP's
-``all-gather layers.0``)."""
+
+
+class CollectiveKind(enum.Enum):
+    """The collectives dagtop times in a framework; the value is the first word of such a collective's name."""
+
+    ALL_REDUCE = "all-reduce"
+    """DDP's gradient buckets (``all-reduce bucket 7``), HSDP's replica all-reduce (``all-reduce layers.0``)."""
+    ALL_GATHER = "all-gather"
+    """FSDP's parameter gathers (``all-gather layers.0``, ``all-gather layers.0 (backward)``)."""
+    REDUCE_SCATTER = "reduce-scatter"
+    """FSDP's gradient reduce-scatters (``reduce-scatter layers.0``)."""
+
+
+_COLLECTIVE_BY_WORD: Final = {kind.value: kind for kind in CollectiveKind}
+
+
+def collective_name(kind: CollectiveKind, subject: str) -> str:
+    """The task name of a collective of ``kind`` on ``subject`` (a bucket, a unit), as the monitor matches it
+    across ranks.
+
+    >>> collective_name(CollectiveKind.ALL_GATHER, "layers.0")
+    'all-gather layers.0'
+    """
+    return f"{kind.value} {subject}"
+
+
+def collective_kind(name: str) -> CollectiveKind | None:
+    """The kind of a collective named by :func:`collective_name`; None for any other task (a script's own
+    collectives, named ``<op> (script)``, included).
+
+    >>> collective_kind("reduce-scatter layers.3"), collective_kind("backward layers.3")
+    (<CollectiveKind.REDUCE_SCATTER: 'reduce-scatter'>, None)
+    """
+    return _COLLECTIVE_BY_WORD.get(name.split(" ", 1)[0])
 
 
 def is_collective_task(task: str) -> bool:
     """Whether a task (a heartbeat's open task, an event's name) is a collective: a rank in one waits for the
     others."""
-    return task.split(" ", 1)[0] in COLLECTIVE_WORDS or SCRIPT in task
+    return collective_kind(task) is not None or SCRIPT in task
 
 
 class Event(NamedTuple):
@@ -49,6 +87,56 @@ class Event(NamedTuple):
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+
+RawEvent: TypeAlias = tuple[str, str, str, str, Any, Any, int]
+"""An event as the hooks record it: :class:`Event`'s fields, but its start and end are stamps (``perf_counter_ns``
+on CPU, a CUDA event on a GPU, resolved on the publisher thread). A plain tuple, the cheapest thing to build in a
+hook; :meth:`TaskKind.event` builds one away from the hot paths."""
+
+
+class TaskKind(NamedTuple):
+    """A kind of task: the category and phase every event of it carries (see :data:`TASK_KINDS`)."""
+
+    category: str
+    phase: str
+
+    def event(self, name: str, lane: str, start: Any, end: Any, nbytes: int = 0) -> RawEvent:
+        """One task of this kind, as the hooks record it."""
+        return (self.category, self.phase, name, lane, start, end, nbytes)
+
+
+def task_kind(category: str, phase: str) -> TaskKind:
+    """A :class:`TaskKind`, checked against the vocabulary when it is declared, not when a frame is encoded.
+
+    Raises:
+        ValueError: an unknown category or phase.
+    """
+    if category not in CATEGORIES or phase not in PHASES:
+        raise ValueError(f"no task kind ({category!r}, {phase!r}): categories {CATEGORIES}, phases {PHASES}")
+    return TaskKind(category, phase)
+
+
+LOAD: Final = task_kind("io", "load")
+"""The loader's ``next()``, the wait the training loop sees."""
+COPY: Final = task_kind("pcie", "h2d")
+"""A batch's host-to-device copy."""
+FORWARD: Final = task_kind("compute", "forward")
+BACKWARD: Final = task_kind("compute", "backward")
+UPDATE: Final = task_kind("compute", "update")
+"""``optimizer.step()``."""
+COLLECTIVE: Final = task_kind("allreduce", "allreduce")
+"""A collective across ranks (:class:`CollectiveKind`, or the script's own): matched across ranks by name."""
+SYNC_ON_MAIN: Final = task_kind("allreduce", "custom")
+"""Communication the training thread waits for that is matched across ranks by no name (DDP's buffer broadcast,
+the Trainer's token count all-reduce)."""
+TASK_KINDS: Final = (LOAD, COPY, FORWARD, BACKWARD, UPDATE, COLLECTIVE, SYNC_ON_MAIN)
+"""Every kind the shim times itself; a script's own tasks (``tracer.task``) are ``(category, "custom")``."""
+
+
+def custom(category: str) -> TaskKind:
+    """The kind of a task the script times itself (``tracer.task(name, category)``)."""
+    return task_kind(category, "custom")
 
 
 CATEGORY_CODE: Final = {c: i for i, c in enumerate(CATEGORIES)}

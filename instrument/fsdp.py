@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.distributed as dist
 
+from instrument.events import COLLECTIVE, CollectiveKind, collective_name
 from instrument.timing import Stamp, Switch
 
 if TYPE_CHECKING:
@@ -172,13 +173,13 @@ class _Timed:
         try:
             if work is None:
                 self.done = self._stamp()
-                self._sink(("allreduce", "allreduce", name, "comm", ready, self.done, size))
+                self._sink(COLLECTIVE.event(name, "comm", ready, self.done, size))
             else:
                 sink, stamp, fail = self._sink, self._stamp, self._fail
 
                 def done(fut: Any) -> None:
                     try:
-                        sink(("allreduce", "allreduce", name, "comm", ready, stamp(), size))
+                        sink(COLLECTIVE.event(name, "comm", ready, stamp(), size))
                     except Exception as exc:  # noqa: BLE001
                         fail(exc)
 
@@ -234,8 +235,7 @@ class TimedAllReduce:
                 if start is not None:
                     end = self._stamp()
                     size = reduce_output.nbytes
-                    self._sink(("allreduce", "allreduce", self._names(self._base, self._group), "comm", start, end,
-                                size))
+                    self._sink(COLLECTIVE.event(self._names(self._base, self._group), "comm", start, end, size))
             except Exception as exc:  # noqa: BLE001 - never reach the training loop
                 self._fail(exc)
         if self.user_hook is not None:
@@ -297,15 +297,15 @@ class ShardTimer:
             return
         # Virtual subclasses of FSDP's default comms (see __init__): the casts say so to the type checker.
         module.set_custom_all_gather(cast("AllGather", TimedAllGather(
-            gather, f"all-gather {unit}", names, sink, stamp, switch, fail)))
-        timed_scatter = TimedReduceScatter(scatter, f"reduce-scatter {unit}", names, sink, stamp, switch, fail)
+            gather, collective_name(CollectiveKind.ALL_GATHER, unit), names, sink, stamp, switch, fail)))
+        timed_scatter = TimedReduceScatter(scatter, collective_name(CollectiveKind.REDUCE_SCATTER, unit), names, sink, stamp, switch, fail)
         module.set_custom_reduce_scatter(cast("ReduceScatter", timed_scatter))
         # HSDP (a 2-D mesh): FSDP also all-reduces across replicas. On plain FSDP no hook is set, since one would
         # move FSDP's post-reduce work onto another stream.
         replicas = getattr(getattr(group, "mesh_info", None), "replicate_process_group", None)
         user_hook = getattr(group, "_all_reduce_hook", None) if replicas is not None else _NO_HOOK
         if replicas is not None:
-            module.set_all_reduce_hook(TimedAllReduce(timed_scatter, user_hook, f"all-reduce {unit}", replicas,
+            module.set_all_reduce_hook(TimedAllReduce(timed_scatter, user_hook, collective_name(CollectiveKind.ALL_REDUCE, unit), replicas,
                                                       names, sink, stamp, switch, fail))
         self._held.append((module, gather, scatter, user_hook))
 

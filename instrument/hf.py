@@ -5,7 +5,6 @@ Importing this module imports transformers (the rest of ``instrument`` never doe
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import warnings
@@ -16,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Final
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 import instrument
+from instrument import settings
+from instrument.events import COPY, LOAD, SYNC_ON_MAIN
 
 if TYPE_CHECKING:
     from instrument.tracer import NullTracer, Tracer
@@ -55,7 +56,7 @@ class DagtopCallback(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
-        if os.environ.get("DAGTOP_DISABLE", "") not in ("", "0"):  # as attach() reads it: touch nothing, say nothing
+        if settings.read().disabled:  # as attach() reads it: touch nothing, say nothing
             self.tracer = instrument.NullTracer()
             return
         trainer = _calling_trainer(self)
@@ -140,7 +141,7 @@ def timed_copy(prepare_inputs: Callable[[Any], Any], record: Callable[..., None]
         start = _now()
         out = prepare_inputs(inputs)
         if model.training:
-            record("pcie", "h2d", "to_device", start, _now(), nbytes_off(inputs, device))
+            record(*COPY, "to_device", start, _now(), nbytes_off(inputs, device))
         return out
 
     return prepare
@@ -157,7 +158,7 @@ def timed_token_count(count: Callable[..., Any], record: Callable[..., None]) ->
         start = _now()
         out = count(*args, **kwargs)
         if out is not None:  # None: nothing to count, and no gather
-            record("allreduce", "custom", "trainer.num_items_in_batch", start, _now(), nbytes_of(out))
+            record(*SYNC_ON_MAIN, "trainer.num_items_in_batch", start, _now(), nbytes_of(out))
         return out
 
     return num_items_in_batch
@@ -294,12 +295,12 @@ def split_next(start: int, end: int, spans: list[tuple[int, int]]) -> list[tuple
     Returns (category, phase, name, start, end) tuples in order, never overlapping.
     """
     if not spans:
-        return [("pcie", "h2d", "to_device", start, end)]
+        return [(*COPY, "to_device", start, end)]
     last = spans[-1][0]
     copy_start = spans[-2][1] if len(spans) > 1 else start
-    tasks = [("io", "load", "next", start, copy_start)] if copy_start > start else []
-    tasks.append(("pcie", "h2d", "to_device", copy_start, last))
-    tasks.append(("io", "load", "next", last, end))
+    tasks = [(*LOAD, "next", start, copy_start)] if copy_start > start else []
+    tasks.append((*COPY, "to_device", copy_start, last))
+    tasks.append((*LOAD, "next", last, end))
     return tasks
 
 
@@ -328,7 +329,7 @@ class TimedBatches:
             self._shard = shard = None
         self._first = False
         if shard is None:
-            self._record("io", "load", "next", start, end)
+            self._record(*LOAD, "next", start, end)
         else:
             size = nbytes_of(item)
             for category, phase, name, s, e in split_next(start, end, shard.spans):

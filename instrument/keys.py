@@ -18,8 +18,7 @@ from typing import Final
 import zmq
 import zmq.auth
 
-AUTH_ENV: Final = "DAGTOP_AUTH"
-"""A directory made by ``dagtop keygen``: the rank reads ``rank.key_secret`` and ``monitor.key`` there (CURVE)."""
+from instrument import settings
 
 KEY_CHARS: Final = 40
 """A CURVE key in Z85: 32 bytes, five characters for every four."""
@@ -92,13 +91,13 @@ def curve_keys(directory: str) -> tuple[bytes, bytes, bytes]:
             file and says what is wrong.
     """
     if not zmq.has("curve"):
-        raise RuntimeError(f"{AUTH_ENV}={directory}: this libzmq was built without CURVE")
+        raise RuntimeError(f"{settings.AUTH}={directory}: this libzmq was built without CURVE")
     where = Path(directory)
     try:
         public, secret = read_key_file(where / key_file(RANK, secret=True), secret=True)
         server, _ = read_key_file(where / key_file(MONITOR, secret=False), secret=False)
     except KeyFileError as exc:
-        raise RuntimeError(f"{AUTH_ENV}={directory}: {exc}; make the keys with `dagtop keygen DIR`") from None
+        raise RuntimeError(f"{settings.AUTH}={directory}: {exc}; make the keys with `dagtop keygen DIR`") from None
     assert secret is not None
     return public, secret, server
 
@@ -106,7 +105,7 @@ def curve_keys(directory: str) -> tuple[bytes, bytes, bytes]:
 def check_auth() -> str | None:
     """Before a rank starts publishing: why its ``DAGTOP_AUTH`` keys cannot be used (one line), or None (also
     without ``DAGTOP_AUTH``). A secret key other users may read is warned about, once."""
-    directory = os.environ.get(AUTH_ENV, "")
+    directory = settings.read().auth
     if not directory:
         return None
     try:

@@ -30,6 +30,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from instrument import NullTracer, Tracer, attach
+from instrument.events import COPY, LOAD, custom
 
 __all__ = ["DagtopCallback"]
 
@@ -69,7 +70,7 @@ class DagtopCallback(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Validation inside a fit runs between one step and the next fetch: untimed, the next iteration would
         # charge it to "other" with no name. Before the fit's start (sanity check), and after, the tracer is idle.
-        self.tracer.record("other", "custom", "validation", self._validation_start, time.perf_counter_ns())
+        self.tracer.record(*custom("other"), "validation", self._validation_start, time.perf_counter_ns())
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._detach()
@@ -117,7 +118,7 @@ class DagtopCallback(pl.Callback):
         def after_fetch() -> None:
             end = now()
             after()
-            tracer.record("io", "load", "next", start, end)
+            tracer.record(*LOAD, "next", start, end)
 
         self._wrap(loop, "_on_before_fetch", before_fetch)
         self._wrap(loop, "_on_after_fetch", after_fetch)
@@ -151,7 +152,7 @@ class DagtopCallback(pl.Callback):
                 start = now()
                 moved = original(batch, device, dataloader_idx)
                 end = now()
-                tracer.record("pcie", "h2d", "to_device", start, end, nbytes=_tensor_bytes(batch))
+                tracer.record(*COPY, "to_device", start, end, nbytes=_tensor_bytes(batch))
                 return moved
 
             self._wrap(owner, "transfer_batch_to_device", timed)

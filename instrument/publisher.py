@@ -16,8 +16,8 @@ from typing import Any, Final, Protocol
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from instrument import wire
-from instrument.keys import AUTH_ENV, curve_keys
+from instrument import settings, wire
+from instrument.keys import curve_keys
 from instrument.spans import fill_spans
 from instrument.teardown import GATE_TIMEOUT_S, Gate
 
@@ -217,7 +217,7 @@ class Publisher:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDBUF, SNDBUF_BYTES)
             wire.reconnect_quickly(sock)
-            auth = self._auth = os.environ.get(AUTH_ENV, "")
+            auth = self._auth = settings.read().auth
             if auth:
                 sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve_keys(auth)
             # Handshake failures are the only way a rank learns that the monitor refuses it: one warning.
@@ -268,11 +268,11 @@ class Publisher:
                 continue
             if not self.refused:
                 if not self._auth:
-                    why = f"it takes only ranks with keys: set {AUTH_ENV}=DIR (`dagtop keygen DIR`)"
+                    why = f"it takes only ranks with keys: set {settings.AUTH}=DIR (`dagtop keygen DIR`)"
                 elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                    why = f"it does not take the rank key in {AUTH_ENV}={self._auth}"
+                    why = f"it does not take the rank key in {settings.AUTH}={self._auth}"
                 else:
-                    why = (f"the handshake failed: the monitor.key in {AUTH_ENV}={self._auth} is not that monitor's, "
+                    why = (f"the handshake failed: the monitor.key in {settings.AUTH}={self._auth} is not that monitor's, "
                            "or it takes no keys (dagtop --auth DIR)")
                 warnings.warn(f"dagtop: the monitor at {self.endpoint} refused rank {self.rank}: {why}; "
                               "training goes on, unseen by that monitor", RuntimeWarning, stacklevel=1)

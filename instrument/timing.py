@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from instrument.events import BACKWARD, FORWARD
 from instrument.units import block_units as block_units  # noqa: PLC0414 - re-exported: they lived here
 from instrument.units import compiled as compiled  # noqa: PLC0414
 from instrument.units import layer_units as layer_units  # noqa: PLC0414
@@ -293,7 +294,7 @@ class UnitTimer:
     def _emit_accumulated(self, unit: Unit) -> None:
         """Emit a backward that ended at the unit's last gradient accumulation, if there is one; reset."""
         if unit.bwd_start is not None and unit.last_grad is not None:
-            self._sink(("compute", "backward", unit.name, self._lane, unit.bwd_start, unit.last_grad, 0))
+            self._sink(BACKWARD.event(unit.name, self._lane, unit.bwd_start, unit.last_grad))
         unit.bwd_start = unit.last_grad = None
 
     # The hooks below run on the training thread (forward) and on autograd threads (backward). Each one
@@ -386,6 +387,7 @@ class UnitTimer:
 
     def _post_hook(self, unit: Unit) -> Callable[..., None]:
         stamp, switch, sink, lane = self._stamp, self._switch, self._sink, self._lane
+        category, phase = FORWARD  # the event is built in the hook: a tuple of locals, the cheapest there is
         on_start = self._backward_start(unit)
         on_recomputed_start = self._recomputed_backward_start(unit)
         on_end = self._backward_end(unit)
@@ -404,7 +406,7 @@ class UnitTimer:
                 if start is _RECOMPUTED:
                     self._hook_backward(unit, _grad_fns(output), inputs, on_recomputed_start, on_end, on_own_end)
                     return
-                sink(("compute", "forward", name, lane, start, stamp(), 0))
+                sink((category, phase, name, lane, start, stamp(), 0))
                 if unit.recompute is None:
                     self._hook_backward(unit, _grad_fns(output), inputs, on_start, on_end, on_own_end)
                 else:  # no graph to hook until backward recomputes this forward; the output's node comes first
@@ -432,12 +434,13 @@ class UnitTimer:
 
     def _backward_end(self, unit: Unit) -> Callable[[Any], None]:
         sink, lane, name = self._sink, self._lane, unit.name
+        category, phase = BACKWARD
 
         def backward_end(stamp: Any) -> None:
             self._recompute_start = None  # a recompute no unit started from is over: never carry it further
             start = unit.bwd_start
             if start is not None:
-                sink(("compute", "backward", name, lane, start, stamp, 0))
+                sink((category, phase, name, lane, start, stamp, 0))
                 unit.bwd_start = None
 
         return backward_end

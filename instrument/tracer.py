@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from instrument import wire
+from instrument.events import CATEGORIES, COPY, LOAD, UPDATE, CollectiveKind, collective_name, custom
 from instrument.identity import job_identity
 from instrument.wire import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT  # noqa: PLC0414 - re-exported: it lived here
 
@@ -89,6 +90,7 @@ class TimedLoader:
         now, cpu = time.perf_counter_ns, time.thread_time_ns
         tracer = self._tracer
         share = tracer._wait_share
+        category, phase = LOAD
         while True:
             start = tracer._loading = now()
             used = cpu()
@@ -100,7 +102,7 @@ class TimedLoader:
                 tracer._loading = None
             if tracer._on:
                 end = now()
-                tracer._main_task(("io", "load", "next", "main", start, end, 0))
+                tracer._main_task((category, phase, "next", "main", start, end, 0))
                 share.add(cpu() - used, end - start)
             yield item
 
@@ -133,20 +135,19 @@ class NullTracer:
 class _Task:
     """A custom task: times a ``with`` block on the training thread."""
 
-    __slots__ = ("_category", "_name", "_start", "_tracer")
+    __slots__ = ("_kind", "_name", "_start", "_tracer")
 
     def __init__(self, tracer: Tracer, name: str, category: str) -> None:
-        if category not in wire.CATEGORIES:
-            raise ValueError(f"unknown category {category!r}; one of {', '.join(wire.CATEGORIES)}")
-        self._tracer, self._name, self._category, self._start = tracer, name[: wire.MAX_NAME_CHARS], category, 0
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown category {category!r}; one of {', '.join(CATEGORIES)}")
+        self._tracer, self._name, self._kind, self._start = tracer, name[: wire.MAX_NAME_CHARS], custom(category), 0
 
     def __enter__(self) -> None:
         self._start = time.perf_counter_ns()
 
     def __exit__(self, *exc: object) -> None:
         if self._tracer._on:
-            self._tracer._main_task((self._category, "custom", self._name, "main", self._start,
-                                     time.perf_counter_ns(), 0))
+            self._tracer._main_task(self._kind.event(self._name, "main", self._start, time.perf_counter_ns()))
 
 
 class Tracer:
@@ -156,7 +157,8 @@ class Tracer:
     """
 
     def __init__(self, model: Any, optimizer: Any, *, rank: int, world: int, local_rank: int,
-                 endpoint: str, granularity: str, sample_every: int) -> None:
+                 endpoint: str, granularity: str, sample_every: int, heartbeat: bool = True,
+                 telemetry: bool = True) -> None:
         _watch_forks()
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.endpoint = endpoint
@@ -208,7 +210,7 @@ class Tracer:
         self._synced: bool | None = None
         """Whether the last forward's backward all-reduces (DDP outside ``no_sync``); None without DDP."""
         try:
-            self._install(model, optimizer)
+            self._install(model, optimizer, heartbeat, telemetry)
         except BaseException:
             with contextlib.suppress(Exception):
                 self._remove_hooks()
@@ -220,7 +222,7 @@ class Tracer:
         _live_tracers.add(self)
         atexit.register(self.close)
 
-    def _install(self, model: Any, optimizer: Any) -> None:
+    def _install(self, model: Any, optimizer: Any, heartbeat: bool, telemetry: bool) -> None:
         import torch
 
         from instrument.publisher import Publisher
@@ -276,9 +278,9 @@ class Tracer:
                             f"{len(self._layers.units)} layers")
         self._params = sum(p.numel() for m in modules for p in m.parameters())
         self._model_name = "+".join(model_name(m) for m in modules)
-        where = self._where if os.environ.get("DAGTOP_HEARTBEAT", "") != "0" else None
+        where = self._where if heartbeat else None
         self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda, where)
-        if os.environ.get("DAGTOP_TELEMETRY", "") != "0":
+        if telemetry:
             from instrument.telemetry import TelemetryThread
 
             cuda_index = None
@@ -338,7 +340,7 @@ class Tracer:
                 from instrument.cuda import move_timed
 
                 out, size, copy_start, copy_end = move_timed(self._cuda, batch, _device(device))  # CUDA events
-                self._main_task(("pcie", "h2d", "to_device", "copy", copy_start, copy_end, size))
+                self._main_task(COPY.event("to_device", "copy", copy_start, copy_end, size))
                 return out
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -346,7 +348,7 @@ class Tracer:
         start = time.perf_counter_ns()
         out, size = move(batch, device)
         if self._on:
-            self._main_task(("pcie", "h2d", "to_device", "main", start, time.perf_counter_ns(), size))
+            self._main_task(COPY.event("to_device", "main", start, time.perf_counter_ns(), size))
         return out
 
     def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
@@ -500,7 +502,7 @@ class Tracer:
                 self._in_step = max(0, self._in_step - 1)
                 start = self._update_starts.pop(name, None)
                 if start is not None:
-                    self._events.append(("compute", "update", name, self._lane, start, self._stamp(), 0))
+                    self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))
                 backwards = self._backwards + self._backward_started
                 if backwards:  # a step takes at least a cycle's backwards: the fewest seen is the cycle
                     self._cadence = backwards if self._cadence is None else min(self._cadence, backwards)
@@ -614,7 +616,7 @@ class Tracer:
             return script
         in_flight = self._comm.in_flight() if self._comm is not None else None
         if in_flight is not None:
-            return f"all-reduce {in_flight[0]}", in_flight[1]
+            return collective_name(CollectiveKind.ALL_REDUCE, in_flight[0]), in_flight[1]
         loading = self._loading
         if loading is not None:
             return "loader next", loading

@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagtop.interop.kineto import BACKWARD_PREFIX, STEP_PREFIX, Kernel, RankTrace, Span
-from instrument.events import Event
+from instrument.events import BACKWARD, COPY, FORWARD, LOAD, UPDATE, Event
+
+_COMPUTE = {kind.phase: kind for kind in (FORWARD, BACKWARD, UPDATE)}
+"""The compute kinds by phase, as the trace's spans are told apart."""
 
 DTYPE_BYTES = {"Float": 4, "float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8, "Byte": 1,
                "Char": 1, "Bool": 1, "Short": 2, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
@@ -173,7 +176,7 @@ def lift(trace: RankTrace) -> RankIterations:
         events: list[Event] = []
         for s in on_main:
             if s.kind == "loader":
-                events.append(Event("io", "load", "next", "main", s.start, s.end))
+                events.append(Event(*LOAD, "next", "main", s.start, s.end))
         backward = [s for s in window if s.kind == "op" and s.name.startswith(BACKWARD_PREFIX)]
         first_backward = min((s.start for s in backward), default=step.end)
         loads = [s.end for s in on_main if s.kind == "loader"]
@@ -203,7 +206,7 @@ def lift(trace: RankTrace) -> RankIterations:
         events.extend(_compute_events(compute, gpu))
         if gpu.has_compute:
             copies = [k for k in trace.kernels if k.kind == "memcpy" and step.start <= k.start < step.end]
-            events.extend(Event("pcie", "h2d", "to_device", "copy", k.start, k.end) for k in copies)
+            events.extend(Event(*COPY, "to_device", "copy", k.start, k.end) for k in copies)
         out.events[it] = _no_overlap(events)
         out.collectives.extend(_collectives(it, window, gpu, matched_backend))
     out.units = list(seen_units)
@@ -233,7 +236,7 @@ def _compute_events(compute: list[tuple[str, str, int, int, int]], gpu: _Gpu) ->
             kernels = gpu.launched(tid, start, end, ("kernel",))
             if kernels:
                 lane, start, end = "gpu", min(k.start for k in kernels), max(k.end for k in kernels)
-        events.append(Event("compute", phase, name[:256], lane, start, end))
+        events.append(Event(*_COMPUTE[phase], name[:256], lane, start, end))
     return events
 
 

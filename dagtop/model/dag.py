@@ -61,13 +61,13 @@ import numpy as np
 import numpy.typing as npt
 
 from dagtop.model.table import F64, I64, EventTable, build_table, run_starts
-from instrument.events import CATEGORIES, CATEGORY_CODE, PHASE_CODE, SCRIPT, Event
+from instrument.events import CATEGORIES, CATEGORY_CODE, PHASE_CODE, SCRIPT, CollectiveKind, Event, collective_kind
 
 ALLREDUCE = CATEGORY_CODE["allreduce"]
 """Column of the collectives' time in every per-category array."""
 
-GATHER_KINDS = {"all-gather": True, "reduce-scatter": False, "all-reduce": False}
-"""FSDP's collectives (instrument/fsdp.py), by the first word of their name: True, the rank's compute always waits
+GATHER_KINDS = {CollectiveKind.ALL_GATHER: True, CollectiveKind.REDUCE_SCATTER: False, CollectiveKind.ALL_REDUCE: False}
+"""FSDP's collectives (instrument/fsdp.py), by their kind (:func:`instrument.events.collective_kind`): True, the rank's compute always waits
 for it (an all-gather brings the unit's parameters); False, only where the rank's compute lane was idle while it
 ran (a reduce-scatter, or HSDP's all-reduce, that held the training thread). Other collectives (DDP's buckets)
 gate only the update. The script's own collectives (``all_reduce (script)``, instrument/collectives.py) gate like a
@@ -331,7 +331,8 @@ def _gather_cuts(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, 
     to wait: the cut is where it ends.
     """
     names = list(itertools.compress(t.comm_names, with_lanes.tolist()))
-    kind = [False if SCRIPT in name else GATHER_KINDS.get(name.split(" ", 1)[0]) for name in names]
+    kind = [False if SCRIPT in name else None if (c := collective_kind(name)) is None else GATHER_KINDS.get(c)
+            for name in names]
     g_idx = np.array([i for i, k in enumerate(kind) if k is not None], dtype=np.int64)
     if not len(g_idx):
         empty = np.zeros(0, dtype=np.int64)

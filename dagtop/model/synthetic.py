@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from dagtop.model.buckets import ddp_buckets
 from dagtop.model.frames import RawFrame
 from instrument import wire
+from instrument.events import BACKWARD, COLLECTIVE, COPY, FORWARD, LOAD, UPDATE, RawEvent
 
 _MS = 1_000_000
 
@@ -98,22 +99,22 @@ def synthetic_frames(
                                                               if bucket_of_block[b] == k) for k in range(len(counts))))
 
     for it in range(first_iteration, first_iteration + iterations):
-        events: list[list[tuple[str, str, str, str, int, int, int]]] = [[] for _ in range(job.ranks)]
+        events: list[list[RawEvent]] = [[] for _ in range(job.ranks)]
         ready: list[list[int]] = [[0] * len(sizes) for _ in range(job.ranks)]
         backward_end = [0] * job.ranks
         for r in range(job.ranks):
             t = clock[r] + gap
-            for category, phase, name, ms in (("io", "load", "next", job.io_ms), ("pcie", "h2d", "to_device", job.h2d_ms)):
-                dur = d(ms * _slow(job, r, category))
-                events[r].append((category, phase, name, "main", t, t + dur, 0))
+            for kind, name, ms in ((LOAD, "next", job.io_ms), (COPY, "to_device", job.h2d_ms)):
+                dur = d(ms * _slow(job, r, kind.category))
+                events[r].append(kind.event(name, "main", t, t + dur))
                 t += dur + gap
             for b in blocks:
                 dur = d(job.forward_ms / job.blocks * _slow(job, r, "compute"))
-                events[r].append(("compute", "forward", b, "main", t, t + dur, 0))
+                events[r].append(FORWARD.event(b, "main", t, t + dur))
                 t += dur + gap
             for b_index in reversed(range(job.blocks)):
                 dur = d(job.backward_ms / job.blocks * _slow(job, r, "compute"))
-                events[r].append(("compute", "backward", blocks[b_index], "main", t, t + dur, 0))
+                events[r].append(BACKWARD.event(blocks[b_index], "main", t, t + dur))
                 t += dur
                 bucket = bucket_of_block[b_index]
                 ready[r][bucket] = max(ready[r][bucket], t)
@@ -129,11 +130,11 @@ def synthetic_frames(
             channel = end
             bucket_end.append(end)
             for r in range(job.ranks):
-                events[r].append(("allreduce", "allreduce", f"bucket {k}", "comm", ready[r][k], end, sizes[k]))
+                events[r].append(COLLECTIVE.event(f"bucket {k}", "comm", ready[r][k], end, sizes[k]))
         for r in range(job.ranks):
             t = max(backward_end[r], channel) + gap
             dur = d(job.update_ms * _slow(job, r, "compute"))
-            events[r].append(("compute", "update", "optimizer.step", "main", t, t + dur, 0))
+            events[r].append(UPDATE.event("optimizer.step", "main", t, t + dur))
             clock[r] = t + dur
             frames.append((t + dur + 200_000, wire.encode_iteration(seq[r], r, it, events[r], 0)))
             seq[r] += 1
