@@ -17,7 +17,7 @@ from torch import nn
 import instrument
 from dagtop.demo.launch import free_endpoint
 from instrument import wire
-from instrument.timing import block_units, layer_units
+from instrument.units import block_units, layer_units
 
 
 class Job:
@@ -263,7 +263,7 @@ class _CopyStream:
         self._stream = torch.cuda.Stream(DEV)
 
     def to_device(self, batch: Any, device: Any) -> Any:
-        from instrument.tracer import map_tensors
+        from instrument.batch import map_tensors
 
         timing = self._tracer._cuda
         pairs: list[Any] = []

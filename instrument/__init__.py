@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 from instrument.wire import DEFAULT_ENDPOINT
 
 if TYPE_CHECKING:
+    from instrument.ranktracer import Granularity
     from instrument.tracer import NullTracer, Tracer
 
 __all__ = ["DEFAULT_ENDPOINT", "NullTracer", "Tracer", "attach"]
@@ -51,7 +52,7 @@ def attach(
     model: Any,
     optimizer: Any,
     *,
-    granularity: str = "block",
+    granularity: Granularity = "block",
     sample_every: int = 0,
     endpoint: str | None = None,
 ) -> Tracer | NullTracer:
@@ -72,18 +73,30 @@ def attach(
     ``DAGTOP_TELEMETRY=0`` keeps the rank from sending its host and GPU telemetry (every 2 s, sampled on a
     thread of its own; see instrument/telemetry.py).
 
-    ``DAGTOP_DISABLE=1`` returns a :class:`NullTracer` with the same methods. If attaching fails, the
+    ``DAGTOP_DISABLE=1`` returns a :class:`NullTracer` with the same calls and attributes (``device``, ``rank``,
+    ``endpoint``...; :class:`~instrument.ranktracer.RankTracer`), timing nothing. If attaching fails, the
     failure is reported with one warning and a NullTracer is returned: training never stops for dagtop.
     One tracer per process: a second ``attach`` while one is open is refused the same way (its frames would
     carry the same rank and iteration numbers as the first's); attach every model at once, as lists.
     """
     from instrument import settings
+    from instrument.ranktracer import GRANULARITIES
     from instrument.tracer import NullTracer, Tracer, open_tracer
 
     said = settings.read()
+    endpoint = endpoint or said.endpoint
+
+    def untimed() -> NullTracer:
+        try:
+            rank, world, local_rank = _topology()
+        except Exception:  # noqa: BLE001 - an untimed rank needs no topology to train
+            rank, world, local_rank = 0, 1, 0
+        return NullTracer(model, rank=rank, world=world, local_rank=local_rank, endpoint=endpoint,
+                          granularity=granularity, sample_every=sample_every)
+
     if said.disabled:
-        return NullTracer()
-    if granularity not in ("block", "layer"):
+        return untimed()
+    if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be 'block' or 'layer', not {granularity!r}")
     if sample_every < 0:
         raise ValueError("sample_every must be >= 0")
@@ -91,13 +104,13 @@ def attach(
         warnings.warn(f"dagtop: attach() was already called in this process (rank {current.rank}); this model is "
                       "not timed: pass every model and optimizer to one attach(), as lists", RuntimeWarning,
                       stacklevel=2)
-        return NullTracer()
+        return untimed()
     try:
         from instrument.keys import check_auth
 
         if (unusable := check_auth()) is not None:
             warnings.warn(f"dagtop: {unusable}; training continues untimed", RuntimeWarning, stacklevel=2)
-            return NullTracer()
+            return untimed()
         rank, world, local_rank = _topology()
         return Tracer(
             model,
@@ -105,7 +118,7 @@ def attach(
             rank=rank,
             world=world,
             local_rank=local_rank,
-            endpoint=endpoint or said.endpoint,
+            endpoint=endpoint,
             granularity=granularity,
             sample_every=sample_every,
             heartbeat=said.heartbeat,
@@ -114,4 +127,4 @@ def attach(
     except Exception as exc:  # noqa: BLE001 - an unsupported model must not stop training
         warnings.warn(f"dagtop: could not attach ({type(exc).__name__}: {exc}); training continues untimed",
                       RuntimeWarning, stacklevel=2)
-        return NullTracer()
+        return untimed()

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import torch
 
-from instrument.tracer import map_tensors
+from instrument.batch import map_tensors
 
 POOL_EVENTS: Final = 4096
 """Preallocated events: a few iterations' worth of a 1,000-event model, so hooks never allocate."""

@@ -19,6 +19,7 @@ from instrument import settings
 from instrument.events import COPY, LOAD, SYNC_ON_MAIN
 
 if TYPE_CHECKING:
+    from instrument.ranktracer import Granularity
     from instrument.tracer import NullTracer, Tracer
 
 __all__ = ["DagtopCallback"]
@@ -47,7 +48,7 @@ class DagtopCallback(TrainerCallback):
         endpoint: where the monitor listens; default ``$DAGTOP_ENDPOINT`` or tcp://127.0.0.1:5555.
     """
 
-    def __init__(self, *, granularity: str = "block", sample_every: int = 0, endpoint: str | None = None) -> None:
+    def __init__(self, *, granularity: Granularity = "block", sample_every: int = 0, endpoint: str | None = None) -> None:
         self.granularity, self.sample_every, self.endpoint = granularity, sample_every, endpoint
         self.tracer: Tracer | NullTracer | None = None
         """The rank's tracer from ``on_train_begin`` to ``on_train_end``."""
@@ -90,7 +91,7 @@ class DagtopCallback(TrainerCallback):
     # ------------------------------------------------------------------ internals
 
     def _attach(self, model: Any, optimizer: Any) -> Tracer | NullTracer:
-        return instrument.attach(model, torch_optimizer(optimizer), granularity=self.granularity,
+        return instrument.attach(model, optimizer, granularity=self.granularity,
                                  sample_every=self.sample_every, endpoint=self.endpoint)
 
     def _time_trainer(self, trainer: Trainer, args: TrainingArguments, loader: Any) -> None:
@@ -203,23 +204,6 @@ def _unsupported(trainer: Trainer) -> str | None:
     if not isinstance(trainer.model_wrapped, torch.nn.Module):
         return f"the Trainer's model is a {type(trainer.model_wrapped).__name__}, not a torch module"
     return None
-
-
-def torch_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (and wrappers like it, under ``.optimizer``).
-
-    The wrapper subclasses ``torch.optim.Optimizer`` without running its ``__init__``, so it has no step hooks;
-    its ``step()`` calls the inner optimizer's, whose hooks end the iteration (and skipping it, as a GradScaler
-    does on overflow, is the inner step not being called).
-    """
-    import torch
-
-    for _ in range(4):
-        inner = getattr(optimizer, "optimizer", None)
-        if not isinstance(inner, torch.optim.Optimizer):
-            break
-        optimizer = inner
-    return optimizer
 
 
 def nbytes_of(value: Any) -> int:

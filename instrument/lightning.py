@@ -31,6 +31,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from instrument import NullTracer, Tracer, attach
 from instrument.events import COPY, LOAD, custom
+from instrument.ranktracer import Granularity
 
 __all__ = ["DagtopCallback"]
 
@@ -46,7 +47,7 @@ class DagtopCallback(pl.Callback):
     ``DAGTOP_DISABLE=1`` leaves the fit untouched: the tracer is the no-op one and nothing is wrapped.
     """
 
-    def __init__(self, *, granularity: str = "block", sample_every: int = 0, endpoint: str | None = None) -> None:
+    def __init__(self, *, granularity: Granularity = "block", sample_every: int = 0, endpoint: str | None = None) -> None:
         self._settings: dict[str, Any] = {"granularity": granularity, "sample_every": sample_every,
                                           "endpoint": endpoint}
         self.tracer: Tracer | NullTracer = NullTracer()

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from instrument.autograd import compiling, consumes, grad_enabled, grad_fns, graph_task_id, needs_grad
+from instrument.compiled import CompiledCall, warn_if_backward_is_compiled
 from instrument.events import BACKWARD, FORWARD
-from instrument.units import block_units as block_units  # noqa: PLC0414 - re-exported: they lived here
-from instrument.units import compiled as compiled  # noqa: PLC0414
-from instrument.units import layer_units as layer_units  # noqa: PLC0414
-from instrument.units import model_name as model_name  # noqa: PLC0414
 
 MAX_PENDING_EVENTS = 200_000
 """Forwards with gradients but no optimizer step (a validation loop without no_grad) stop being timed here."""
@@ -25,12 +19,6 @@ Stamp = Callable[[], Any]
 """Returns a timestamp: ``perf_counter_ns()`` on CPU, a recorded CUDA event on a GPU."""
 
 
-_grad_enabled = torch.is_grad_enabled
-_graph_task_id = torch._C._current_graph_task_id
-"""-1 outside backward; the running graph task's id (>= 0) when backward runs a checkpoint's recompute."""
-_compiling = torch.compiler.is_compiling
-"""True while Dynamo traces: a hook that finds itself in a compiled region returns at once. Dynamo folds the
-test to a constant, so the hook leaves no trace in the graph (a timestamp there would be a graph break)."""
 _RECOMPUTED = object()
 """``Unit.fwd_start`` while backward recomputes the unit's forward (reentrant checkpointing)."""
 
@@ -42,41 +30,6 @@ class Switch:
 
     def __init__(self) -> None:
         self.on = True
-
-
-def _grad_fns(value: Any) -> list[Any]:
-    """The autograd nodes that produced the tensors of a module's input or output (tensor, tuple, list, dict).
-
-    Runs twice per timed module per iteration: the common shapes (a 1-tuple of args, a tensor) come first.
-    """
-    if type(value) is tuple and len(value) == 1 and isinstance(value[0], torch.Tensor):
-        node = value[0].grad_fn
-        return [] if node is None else [node]
-    if isinstance(value, torch.Tensor):
-        node = value.grad_fn
-        return [] if node is None else [node]
-    nodes: list[Any] = []
-    _collect(value, nodes, 0)
-    return nodes
-
-
-def _collect(value: Any, nodes: list[Any], depth: int) -> None:
-    if isinstance(value, torch.Tensor):
-        if value.grad_fn is not None and all(value.grad_fn is not n for n in nodes):
-            nodes.append(value.grad_fn)
-    elif depth < 2 and isinstance(value, (tuple, list)):
-        for item in value:
-            _collect(item, nodes, depth + 1)
-    elif depth < 2 and isinstance(value, dict):
-        for item in value.values():
-            _collect(item, nodes, depth + 1)
-
-
-def _needs_grad(value: Any) -> bool:
-    """True if a tensor of a module's input (tensor, tuple, list) requires gradients."""
-    if isinstance(value, torch.Tensor):
-        return value.requires_grad
-    return isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) and v.requires_grad for v in value)
 
 
 class Unit:
@@ -98,39 +51,10 @@ class Unit:
         self.inputs: list[Any] | None = None
         """The autograd nodes of the current forward's inputs, from the pre hook to the post hook."""
         self.consumes: dict[type, bool] = {}
-        """Type of the forward's output node -> whether that node is the unit's whole backward (:func:`_consumes`)."""
+        """Type of the forward's output node -> whether that node is the unit's whole backward (:func:`~instrument.autograd.consumes`)."""
         self.recompute: list[Any] | None = None
         """The nodes of the inputs of a forward that built no graph inside a training forward (a reentrant
         checkpoint runs its function under no_grad), kept until backward runs that forward again."""
-
-
-class _CompiledCall:
-    """Times a module compiled in place (``module.compile()``) from outside its compiled call; removed like a
-    hook handle.
-
-    ``module.compile()`` compiles the module's ``_call_impl``, its own hooks included, so timing hooks would run
-    inside the region Dynamo traces (a graph break on the timestamp). The compiled call is wrapped instead and
-    the same two hooks run around it, eagerly.
-    """
-
-    __slots__ = ("_compiled", "_module", "_timed")
-
-    def __init__(self, module: nn.Module, pre: Callable[..., None], post: Callable[..., None]) -> None:
-        compiled_call = module._compiled_call_impl
-        assert compiled_call is not None
-
-        def timed_call(*args: Any, **kwargs: Any) -> Any:
-            pre(module, args)
-            output = compiled_call(*args, **kwargs)
-            post(module, args, output)
-            return output
-
-        self._module, self._compiled, self._timed = module, compiled_call, timed_call
-        module._compiled_call_impl = timed_call
-
-    def remove(self) -> None:
-        if self._module._compiled_call_impl is self._timed:  # else compiled again since: leave that one
-            self._module._compiled_call_impl = self._compiled
 
 
 def _boundary(callbacks: list[Callable[[Any], None]], stamp: Stamp, switch: Switch,
@@ -138,7 +62,7 @@ def _boundary(callbacks: list[Callable[[Any], None]], stamp: Stamp, switch: Swit
     """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node."""
 
     def prehook(grad_outputs: Any) -> None:
-        if _compiling() or not switch.on:  # compiled autograd traces the backward's hooks
+        if compiling() or not switch.on:  # compiled autograd traces the backward's hooks
             return
         try:
             now = stamp()
@@ -154,31 +78,8 @@ Boundaries = dict[int, tuple[Any, list[Callable[[Any], None]]]]
 """Autograd node id -> (the node, the callbacks of its prehook)."""
 
 
-_AccumulateGrad = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]  # not in the stubs
-"""The type of a parameter's leaf node, where its gradient is accumulated."""
-
-
-def _consumes(node: Any, inputs: list[Any]) -> bool:
-    """True if ``node``, a unit's output node, is the unit's whole backward: it takes the unit's input directly
-    and otherwise only parameters (a single-op layer).
-
-    Then the unit's backward ends when that node has run (a posthook), not when its input's gradient is
-    complete: in a residual block the input is shared with the other branch, whose backward that would add.
-    A node that also takes another branch (``x + f(x)``) is not the whole backward: the input's node is.
-    """
-    takes_input = False
-    for child, _ in node.next_functions:
-        if child is None:
-            continue
-        if any(child is i for i in inputs):
-            takes_input = True
-        elif not _parameter(child):
-            return False
-    return takes_input and not any(node is n for n in inputs)  # an identity: the output is the input
-
-
 def _consumes_cached(unit: Unit, node: Any, inputs: list[Any]) -> bool:
-    """:func:`_consumes`, worked out once per unit and type of output node (1.6 µs a call, per unit per iteration
+    """:func:`~instrument.autograd.consumes`, worked out once per unit and type of output node (1.6 µs a call, per unit per iteration
     otherwise): a module's forward builds the same graph shape each time. An identity is still told apart."""
     for n in inputs:
         if node is n:
@@ -186,16 +87,8 @@ def _consumes_cached(unit: Unit, node: Any, inputs: list[Any]) -> bool:
     kind = type(node)
     known = unit.consumes.get(kind)
     if known is None:
-        known = unit.consumes[kind] = _consumes(node, inputs)
+        known = unit.consumes[kind] = consumes(node, inputs)
     return known
-
-
-def _parameter(node: Any) -> bool:
-    """A parameter's leaf node, or one op on one (a weight's transpose)."""
-    if type(node) is _AccumulateGrad:
-        return True
-    children = node.next_functions
-    return len(children) == 1 and type(children[0][0]) is _AccumulateGrad
 
 
 class UnitTimer:
@@ -217,7 +110,7 @@ class UnitTimer:
     recompute builds (see :meth:`_recomputing`).
 
     torch.compile: no hook does anything inside a compiled region; a module compiled in place is timed
-    around its compiled call (:class:`_CompiledCall`).
+    around its compiled call (:class:`~instrument.compiled.CompiledCall`).
     """
 
     def __init__(
@@ -255,11 +148,11 @@ class UnitTimer:
         return bool(self._handles)
 
     def install(self) -> None:
-        _warn_if_backward_is_compiled()
+        warn_if_backward_is_compiled()
         for unit in self.units:
             pre, post = self._pre_hook(unit), self._post_hook(unit)
             if getattr(unit.module, "_compiled_call_impl", None) is not None:
-                self._handles.append(_CompiledCall(unit.module, pre, post))
+                self._handles.append(CompiledCall(unit.module, pre, post))
             else:
                 self._handles.append(unit.module.register_forward_pre_hook(pre))
                 self._handles.append(unit.module.register_forward_hook(post))
@@ -332,26 +225,26 @@ class UnitTimer:
         stamp, switch, events = self._stamp, self._switch, self._events
 
         def forward_pre(module: nn.Module, args: Any) -> None:
-            if _compiling() or not switch.on or len(events) >= MAX_PENDING_EVENTS:
+            if compiling() or not switch.on or len(events) >= MAX_PENDING_EVENTS:
                 return
             try:
                 if self._ungraphed:
                     self._hook_checkpoint_outputs()
-                if _graph_task_id() != -1:  # backward is running a checkpoint's recompute
-                    if unit.recompute is not None and _grad_enabled():
+                if graph_task_id() != -1:  # backward is running a checkpoint's recompute
+                    if unit.recompute is not None and grad_enabled():
                         self._recomputing(unit, args)
                     return
-                if _grad_enabled():
+                if grad_enabled():
                     self._forward_open = True
                     if unit.bwd_start is not None or unit.last_grad is not None:
                         self._emit_accumulated(unit)  # the previous micro-batch's, under gradient accumulation
                     unit.recompute = None
-                    unit.inputs = _grad_fns(args)
+                    unit.inputs = grad_fns(args)
                     if not unit.inputs and unit.params and unit.grad_hooks is None:
                         self._hook_gradients(unit)
-                elif self._forward_open or _needs_grad(args):
+                elif self._forward_open or needs_grad(args):
                     self._emit_accumulated(unit)
-                    unit.recompute = _grad_fns(args)  # a reentrant checkpoint's forward: no graph until backward
+                    unit.recompute = grad_fns(args)  # a reentrant checkpoint's forward: no graph until backward
                 else:  # no gradients and no training forward under way: evaluation
                     return
                 unit.fwd_start = stamp()
@@ -374,7 +267,7 @@ class UnitTimer:
         saved, unit.recompute = unit.recompute, None
         if self._recompute_start is None:  # the segment's first unit
             self._recompute_start = self._stamp()
-        unit.inputs = _grad_fns(args) or saved
+        unit.inputs = grad_fns(args) or saved
         unit.fwd_start = _RECOMPUTED
 
     def _hook_checkpoint_outputs(self) -> None:
@@ -382,7 +275,7 @@ class UnitTimer:
         output has one now (it is the checkpoint's output): the recompute begins inside that node."""
         pending, self._ungraphed = self._ungraphed, []
         for output, on_start in pending:
-            for node in _grad_fns(output):
+            for node in grad_fns(output):
                 self._at_gradient_of(node, on_start)
 
     def _post_hook(self, unit: Unit) -> Callable[..., None]:
@@ -395,7 +288,7 @@ class UnitTimer:
         name = unit.name
 
         def forward_post(module: nn.Module, args: Any, output: Any) -> None:
-            if _compiling() or not switch.on:
+            if compiling() or not switch.on:
                 return
             try:
                 start = unit.fwd_start
@@ -404,11 +297,11 @@ class UnitTimer:
                 unit.fwd_start = None
                 inputs, unit.inputs = unit.inputs, None
                 if start is _RECOMPUTED:
-                    self._hook_backward(unit, _grad_fns(output), inputs, on_recomputed_start, on_end, on_own_end)
+                    self._hook_backward(unit, grad_fns(output), inputs, on_recomputed_start, on_end, on_own_end)
                     return
                 sink((category, phase, name, lane, start, stamp(), 0))
                 if unit.recompute is None:
-                    self._hook_backward(unit, _grad_fns(output), inputs, on_start, on_end, on_own_end)
+                    self._hook_backward(unit, grad_fns(output), inputs, on_start, on_end, on_own_end)
                 else:  # no graph to hook until backward recomputes this forward; the output's node comes first
                     self._ungraphed.append((output, on_start))
             except Exception as exc:  # noqa: BLE001
@@ -449,7 +342,7 @@ class UnitTimer:
         stamp, switch = self._stamp, self._switch
 
         def own_end(grad_inputs: Any, grad_outputs: Any) -> None:
-            if switch.on and not _compiling():
+            if switch.on and not compiling():
                 try:
                     backward_end(stamp())
                 except Exception as exc:  # noqa: BLE001
@@ -463,7 +356,7 @@ class UnitTimer:
 
         def hook(index: int) -> Callable[[torch.Tensor], None]:
             def accumulated(param: torch.Tensor) -> None:
-                if _compiling():
+                if compiling():
                     return
                 try:
                     unit.last_grad = stamp()
@@ -526,25 +419,3 @@ class TimerSet:
             timer.flush()
 
 
-@functools.cache
-def _warn_if_backward_is_compiled() -> None:
-    """Warn once, at attach, if compiled autograd is on (``torch._dynamo.config.compiled_autograd``).
-
-    Compiled autograd traces backward with its hooks into one graph: dagtop's hooks do nothing there (a
-    timestamp would split it), so backward goes untimed. Turned on later, with its context manager around
-    ``backward()``, it cannot be seen here: backward then goes untimed with no warning.
-    """
-    dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None and getattr(getattr(dynamo, "config", None), "compiled_autograd", False):
-        warnings.warn("dagtop: compiled autograd is on: backward runs as one compiled graph, where dagtop takes no "
-                      "timestamps, so backward is not timed (it shows as 'other'); forward, the collectives and the "
-                      "update are", RuntimeWarning, stacklevel=_caller_outside_instrument())
-
-
-def _caller_outside_instrument() -> int:
-    """The ``stacklevel`` of the first frame outside this package: the user's call to attach."""
-    package = os.path.dirname(__file__)
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == package:
-        frame, level = frame.f_back, level + 1
-    return level

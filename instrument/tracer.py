@@ -1,4 +1,6 @@
-"""The tracer a training rank holds: loader, copy and custom-task timing, the iteration boundary, and attach()."""
+"""The tracers a training rank holds (:class:`~instrument.ranktracer.RankTracer`): :class:`Tracer`, which times
+the loader, the copies, the script's own tasks and the units and collectives it wires up (instrument/wiring.py),
+and hands each iteration to the publisher; and :class:`NullTracer`, the same calls timing nothing."""
 
 from __future__ import annotations
 
@@ -7,19 +9,26 @@ import contextlib
 import dataclasses
 import functools
 import os
-import re
 import socket
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
-from typing import Any, Final
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
 
 from instrument import wire
-from instrument.events import CATEGORIES, COPY, LOAD, UPDATE, CollectiveKind, collective_name, custom
+from instrument.batch import TimedLoader, move
+from instrument.boundary import IterationBoundary
+from instrument.events import CATEGORIES, COPY, UPDATE, RawEvent, custom
 from instrument.identity import job_identity
-from instrument.wire import DEFAULT_ENDPOINT as DEFAULT_ENDPOINT  # noqa: PLC0414 - re-exported: it lived here
+from instrument.ranktracer import Granularity
+from instrument.whereabouts import Whereabouts
+from instrument.wiring import as_device, describe_units, is_cuda, model_device, optimizers, spans_of, units_of, unwrap
+
+if TYPE_CHECKING:
+    import torch
 
 CLOSE_TIMEOUT_S: Final = 2.0
 SETTLE_TIMEOUT_S: Final = 10.0
@@ -47,78 +56,43 @@ def open_tracer() -> Tracer | None:
     return next((t for t in list(_live_tracers) if not t._closed and t._on), None)
 
 
-def map_tensors(batch: Any, fn: Any) -> Any:
-    """``batch`` (a tensor, or tuples, namedtuples, lists and dicts of them) with ``fn`` applied to each tensor."""
-    import torch
+class _Closing:
+    """``with attach(...) as tracer:``: the tracer, closed on the way out."""
 
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, (tuple, list)):
-        items = [map_tensors(item, fn) for item in batch]
-        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-            return type(batch)(*items)
-        return type(batch)(items)
-    if isinstance(batch, dict):
-        return {key: map_tensors(item, fn) for key, item in batch.items()}
-    return batch
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
 
 
-def move(batch: Any, device: Any, non_blocking: bool = False) -> tuple[Any, int]:
-    """Copy the tensors of ``batch`` to ``device`` (see :func:`map_tensors`); count their bytes."""
-    sizes: list[int] = []
+class NullTracer(_Closing):
+    """What attach() returns with ``DAGTOP_DISABLE=1`` (or after a failure): the same calls and attributes as
+    :class:`Tracer` (:class:`~instrument.ranktracer.RankTracer`), no timing. Its ``device`` is the model's."""
 
-    def to(tensor: Any) -> Any:
-        sizes.append(tensor.numel() * tensor.element_size())
-        return tensor.to(device, non_blocking=non_blocking)
-
-    return map_tensors(batch, to), sum(sizes)
-
-
-class TimedLoader:
-    """Wraps an iterable; times each ``next()``: the wait the training loop sees."""
-
-    def __init__(self, tracer: Tracer, iterable: Iterable[Any]) -> None:
-        self._tracer = tracer
-        self._iterable = iterable
-        tracer._loading = None
-
-    def __len__(self) -> int:
-        return len(self._iterable)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[Any]:
-        it = iter(self._iterable)
-        now, cpu = time.perf_counter_ns, time.thread_time_ns
-        tracer = self._tracer
-        share = tracer._wait_share
-        category, phase = LOAD
-        while True:
-            start = tracer._loading = now()
-            used = cpu()
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            finally:
-                tracer._loading = None
-            if tracer._on:
-                end = now()
-                tracer._main_task((category, phase, "next", "main", start, end, 0))
-                share.add(cpu() - used, end - start)
-            yield item
-
-
-class NullTracer:
-    """What attach() returns with ``DAGTOP_DISABLE=1`` (or after a failure): same methods, no timing."""
-
-    rank = 0
-    world = 1
     iteration = 0
     enabled = False
+
+    def __init__(self, model: Any = None, *, rank: int = 0, world: int = 1, local_rank: int = 0,
+                 endpoint: str = wire.DEFAULT_ENDPOINT, granularity: Granularity = "block",
+                 sample_every: int = 0) -> None:
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+        self.endpoint, self.granularity, self.sample_every = endpoint, granularity, sample_every
+        self._model = model
+
+    @functools.cached_property
+    def device(self) -> torch.device:
+        """The model's device (the CPU without a model): asked for, not at attach, so torch loads only if used."""
+        return model_device(self._model)
 
     def loader(self, iterable: Iterable[Any]) -> Iterable[Any]:
         return iterable
 
-    def to_device(self, batch: Any, device: Any) -> Any:
+    def to_device(self, batch: Any, device: torch.device | str) -> Any:
         return move(batch, device)[0]
 
     def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
@@ -150,14 +124,14 @@ class _Task:
             self._tracer._main_task(self._kind.event(self._name, "main", self._start, time.perf_counter_ns()))
 
 
-class Tracer:
+class Tracer(_Closing):
     """Times one rank's iterations and hands each one to the publisher when ``optimizer.step()`` returns.
 
     Built by :func:`instrument.attach`; the constructor takes already-resolved settings.
     """
 
     def __init__(self, model: Any, optimizer: Any, *, rank: int, world: int, local_rank: int,
-                 endpoint: str, granularity: str, sample_every: int, heartbeat: bool = True,
+                 endpoint: str, granularity: Granularity, sample_every: int, heartbeat: bool = True,
                  telemetry: bool = True) -> None:
         _watch_forks()
         self.rank, self.world, self.local_rank = rank, world, local_rank
@@ -175,7 +149,7 @@ class Tracer:
         self._forked = False
         self._warned = threading.Lock()
         self._closed = False
-        self._events: list[tuple[Any, ...]] = []
+        self._events: list[RawEvent] = []
         self._handles: list[Any] = []
         self._comm: Any = None
         self._script: Any = None
@@ -185,30 +159,15 @@ class Tracer:
         self._optimizers: list[Any] = []
         self._update_starts: dict[str, Any] = {}
         self._loading: int | None = None
+        """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
         self._loader_said: wire.Loader | None = None
         """The settings of the DataLoader last given to :meth:`loader`, sent with each hello."""
         from instrument.loader import WaitShare
 
         self._wait_share = WaitShare()
         """How much of the loader's wait is CPU work on the training thread, sent with the loader's settings."""
-        """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
-        self._open_seen: dict[str, int] = {}
-        """Open task → when the publisher thread first saw it open, for starts it cannot read as ns (CUDA events)."""
-        self._in_step = 0
-        """Optimizer steps under way: a forward inside one (a closure's) begins no iteration."""
-        self._stepped = False
-        """With several optimizers: a step ended since the iteration began."""
-        self._step_mark: int | None = None
-        self._load_mark: int | None = None
-        """Where in ``_events`` the last step ended / the first loader wait or copy after a backward began."""
-        self._backwards = 0
-        """Backward passes through the whole model since the iteration began (micro-batches)."""
-        self._backward_started = False
-        self._cadence: int | None = None
-        """Backwards per step (the fewest seen at a step): when a model without DDP is due one; None before."""
         self._lead: Any = None
-        self._synced: bool | None = None
-        """Whether the last forward's backward all-reduces (DDP outside ``no_sync``); None without DDP."""
+        """Of several models, the one whose forward opens an iteration: the first one run."""
         try:
             self._install(model, optimizer, heartbeat, telemetry)
         except BaseException:
@@ -225,22 +184,22 @@ class Tracer:
     def _install(self, model: Any, optimizer: Any, heartbeat: bool, telemetry: bool) -> None:
         import torch
 
+        from instrument.autograd import grad_fns
         from instrument.publisher import Publisher
-        from instrument.timing import TimerSet, block_units, layer_units, model_name
-        from instrument.timing import _grad_fns as grad_fns
+        from instrument.timing import TimerSet
+        from instrument.units import block_units, layer_units, model_name
 
         models = list(model) if isinstance(model, (list, tuple)) else [model]
         if not models:
             raise ValueError("no model given")
-        unwrapped = [_unwrap(m) for m in models]
+        unwrapped = [unwrap(m) for m in models]
         ddp, module = unwrapped[0]  # the first model's DDP has its collectives timed
         if sum(d is not None for d, _ in unwrapped[1:]):
             warnings.warn("dagtop: several models in DistributedDataParallel: only the first one's gradient buckets "
                           "are timed (their names would collide); the others' all-reduces count as untimed time",
                           RuntimeWarning, stacklevel=4)
         self._module = module
-        first = next(module.parameters(), None)
-        self.device = first.device if first is not None else torch.device("cpu")
+        self.device = model_device(module)
         self._cuda: Any = None
         if self.device.type == "cuda":
             from instrument.cuda import CudaTiming
@@ -253,13 +212,14 @@ class Tracer:
         switch = self._switch
         modules = [m for _, m in unwrapped]
         # The units, and around them the modules whose own work falls between them (instrument/spans.py).
-        self._blocks = TimerSet.of(_units(block_units, modules), _spans(block_units, modules), self._events, stamp,
-                                   self._lane, switch, self._fail)
-        self._layers = TimerSet.of(_units(layer_units, modules), _spans(layer_units, modules), self._events, stamp,
-                                   self._lane, switch, self._fail)
+        self._blocks = TimerSet.of(units_of(block_units, modules), spans_of(block_units, modules), self._events,
+                                   stamp, self._lane, switch, self._fail)
+        self._layers = TimerSet.of(units_of(layer_units, modules), spans_of(layer_units, modules), self._events,
+                                   stamp, self._lane, switch, self._fail)
         self._detailed_now = False
         self._switch_units(self._detailed(0))
-        self._optimizers = _optimizers(optimizer)
+        self._optimizers = optimizers(optimizer)
+        self._boundary = IterationBoundary(self._events, len(self._optimizers), self._end_iteration)
         single = len(self._optimizers) == 1
         for index, opt in enumerate(self._optimizers):
             name = "optimizer.step" if single else f"optimizer[{index}].step"
@@ -278,7 +238,7 @@ class Tracer:
                             f"{len(self._layers.units)} layers")
         self._params = sum(p.numel() for m in modules for p in m.parameters())
         self._model_name = "+".join(model_name(m) for m in modules)
-        where = self._where if heartbeat else None
+        where = Whereabouts(self) if heartbeat else None
         self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda, where)
         if telemetry:
             from instrument.telemetry import TelemetryThread
@@ -336,10 +296,10 @@ class Tracer:
         if not self._on:
             return move(batch, device)[0]
         try:
-            if self._cuda is not None and _is_cuda(device):
+            if self._cuda is not None and is_cuda(device):
                 from instrument.cuda import move_timed
 
-                out, size, copy_start, copy_end = move_timed(self._cuda, batch, _device(device))  # CUDA events
+                out, size, copy_start, copy_end = move_timed(self._cuda, batch, as_device(device))  # CUDA events
                 self._main_task(COPY.event("to_device", "copy", copy_start, copy_end, size))
                 return out
         except Exception as exc:  # noqa: BLE001
@@ -371,10 +331,10 @@ class Tracer:
         if self._closed:
             return
         self._closed = True
-        if self._on and not self._forked and (self._stepped or self._backward_done()):
+        if self._on and not self._forked and self._boundary.pending:
             with contextlib.suppress(Exception):  # the last iteration, which no next forward will end
                 self._backward_over()
-                self._end_iteration(None)
+                self._boundary.end(None)
         self._on = False
         atexit.unregister(self.close)
         self._remove_hooks()
@@ -441,32 +401,19 @@ class Tracer:
         # NCCL futures complete at enqueue, so a CUDA job times its collectives on the stream.
         return self._cuda.stamp if self._cuda is not None else time.perf_counter_ns
 
-    # ------------------------------------------------------------------ iteration boundaries
-    #
-    # An iteration ends when ``optimizer.step()`` returns: with one optimizer, that is the boundary. With several
-    # optimizers, or when a step is skipped (GradScaler on an overflow calls no ``step()``), only the next
-    # training forward of the model tells that an iteration is over: it ends there, the events it owns being
-    # those recorded up to the last step's end, or else up to the first loader wait or copy after the backward
-    # (the next iteration's). Under gradient accumulation a forward after a backward is the next micro-batch,
-    # not a new iteration: DDP says which (``require_backward_grad_sync`` is False under ``no_sync``); a model
-    # without DDP is due a step every as many backwards as the fewest it took to step (before its first step,
-    # nothing is taken for skipped).
+    # ------------------------------------------------------------------ iteration boundaries (instrument/boundary.py)
 
-    def _main_task(self, event: tuple[Any, ...]) -> None:
+    def _main_task(self, event: RawEvent) -> None:
         """Record a task of the training thread; the first one after a backward may open the next iteration."""
-        if self._load_mark is None and self._backward_done():
-            self._load_mark = len(self._events)
+        self._boundary.task()
         self._events.append(event)
-
-    def _backward_done(self) -> bool:
-        return self._backwards > 0 or self._backward_started
 
     def _step_started(self, name: str) -> Any:
         def step_started(optimizer: Any, args: Any, kwargs: Any) -> Any:
             if not self._on:
                 return None
             try:
-                self._in_step += 1
+                self._boundary.step_began()
                 # ``args`` are step()'s own: the optimizer first, then the closure if passed by position.
                 closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
                 if closure is None:
@@ -499,18 +446,10 @@ class Tracer:
             if not self._on:
                 return
             try:
-                self._in_step = max(0, self._in_step - 1)
                 start = self._update_starts.pop(name, None)
                 if start is not None:
                     self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))
-                backwards = self._backwards + self._backward_started
-                if backwards:  # a step takes at least a cycle's backwards: the fewest seen is the cycle
-                    self._cadence = backwards if self._cadence is None else min(self._cadence, backwards)
-                if len(self._optimizers) == 1:
-                    self._end_iteration(None)
-                else:
-                    self._stepped = True
-                    self._step_mark = len(self._events)
+                self._boundary.step_ended()
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
 
@@ -522,46 +461,34 @@ class Tracer:
 
     def _on_top_forward(self, module: Any, args: Any) -> None:
         """A forward of the whole model: past a backward with no step to end it, it may begin the next iteration."""
-        if not self._on or self._in_step or self._compiling() or not self._grad_enabled():
+        if not self._on or self._boundary.in_step or self._compiling() or not self._grad_enabled():
             return
         if self._lead is None:
             self._lead = module  # of several models, the one whose forward opens an iteration
         elif module is not self._lead:
             return
         try:
-            if self._backward_started:
-                self._backwards += 1
-                self._backward_started = False
-            if self._backwards and (self._stepped or self._step_skipped()):
-                self._end_iteration(self._step_mark if self._stepped else self._load_mark)
-            self._load_mark = None
             ddp = self._ddp_of[id(module)]
-            self._synced = None if ddp is None else bool(ddp.require_backward_grad_sync)
-            if self._synced and self._comm is not None:
+            synced = None if ddp is None else bool(ddp.require_backward_grad_sync)
+            self._boundary.forward_began(synced)
+            if synced and self._comm is not None:
                 self._comm.new_pass()
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
-
-    def _step_skipped(self) -> bool:
-        """A backward that should have been followed by a step was not (a GradScaler skip)."""
-        if self._synced is not None:  # DDP: the backward all-reduced the gradients, so a step was due
-            return self._synced
-        return self._cadence is not None and self._backwards >= self._cadence
 
     def _after_top_forward(self, module: Any, args: Any, output: Any) -> None:
         if not self._on or self._compiling() or not self._grad_enabled():
             return
         try:
             for node in self._grad_fns(output):
-                node.register_prehook(self._on_top_backward)
+                node.register_prehook(self._boundary.backward_began)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def _on_top_backward(self, grad_outputs: Any) -> None:
-        self._backward_started = True
-
     def _end_iteration(self, cut: int | None) -> None:
-        """Hand the iteration to the publisher: the events before ``cut`` (all if None), then start the next."""
+        """Hand the iteration to the publisher: the events before ``cut`` (all if None), then start the next.
+
+        Called by the boundary (:class:`~instrument.boundary.IterationBoundary`), which then resets itself."""
         events = self._events
         if cut is None:
             # One list for the whole run (hooks hold its append): take what is there, leave what may arrive.
@@ -579,11 +506,6 @@ class Tracer:
             del events[:cut]
         self._publisher.put_iteration(self.iteration, batch)
         self.iteration += 1
-        self._stepped = False
-        self._step_mark = None
-        self._load_mark = None
-        self._backwards = 0
-        self._backward_started = False
         self._after_iteration()
         detailed = self._detailed(self.iteration)
         if detailed != self._detailed_now:
@@ -596,45 +518,6 @@ class Tracer:
             buckets = self._comm.iteration_done()  # a new map each time DDP rebuilds its buckets
             if buckets is not None:
                 self._publisher.put_buckets(buckets, self._comm.parameter_bytes)
-
-    def _where(self) -> tuple[int, str, int]:
-        """The iteration under way, the task open in it and since when: read on the publisher thread for its
-        heartbeat, from what the hooks keep anyway (racy reads of a moment, never a lock)."""
-        try:
-            task, since = self._open_task()
-        except Exception:  # noqa: BLE001 - a look at state another thread is changing; next second's will do
-            task, since = "", None
-        now = time.perf_counter_ns()
-        if not isinstance(since, int):  # a CUDA event: when this thread first saw the task open
-            since = self._open_seen.get(task, now)
-        self._open_seen = {task: since}
-        return self.iteration, task, since
-
-    def _open_task(self) -> tuple[str, Any]:
-        script: tuple[str, int] | None = self._script.in_flight() if self._script is not None else None
-        if script is not None:
-            return script
-        in_flight = self._comm.in_flight() if self._comm is not None else None
-        if in_flight is not None:
-            return collective_name(CollectiveKind.ALL_REDUCE, in_flight[0]), in_flight[1]
-        loading = self._loading
-        if loading is not None:
-            return "loader next", loading
-        for name, start in self._update_starts.copy().items():
-            return name, start
-        timers = self._layers if self._detailed_now else self._blocks
-        # Backward runs last to first: the open one is the earliest unit begun and not accumulated into yet.
-        begun = [u for u in timers.units if u.bwd_start is not None]
-        for unit in [u for u in begun if u.last_grad is None] or begun[::-1]:
-            return f"backward {unit.name}", unit.bwd_start
-        for unit in timers.units:
-            if unit.fwd_start is not None:
-                return f"forward {unit.name}", unit.fwd_start
-        events = self._events
-        last = events[-1] if events else None
-        if last is not None:
-            return f"after {last[2]}", last[5]
-        return ("between iterations" if self.iteration else ""), None  # handed over, the next not begun
 
     def _hello(self, seq: int) -> wire.Hello:
         import torch
@@ -651,94 +534,3 @@ class Tracer:
         )
 
 
-def _optimizers(optimizer: Any) -> list[Any]:
-    """The torch optimizers behind ``optimizer``: one, a list of them, or wrappers (accelerate's
-    ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) whose ``step()`` calls the torch one's."""
-    items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    if not items:
-        raise ValueError("no optimizer given")
-    unwrapped = []
-    for opt in items:
-        while not hasattr(opt, "_optimizer_step_pre_hooks"):  # a torch Optimizer's, set by its __init__
-            inner = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
-            if inner is None or inner is opt:
-                raise TypeError(f"{type(opt).__name__} is not a torch optimizer and wraps none")
-            opt = inner
-        unwrapped.append(opt)
-    return unwrapped
-
-
-def describe_units(names: list[str]) -> str:
-    """``6 blocks: embed, layers.0…3, head``: numbered runs of one prefix (a ModuleList's members) folded."""
-    parts: list[str] = []
-    run: tuple[str, int, int] | None = None  # prefix, first, last
-    for name in [*names, ""]:
-        match = re.fullmatch(r"(.*?)(\d+)", name)
-        if run is not None and match and match[1] == run[0] and int(match[2]) == run[2] + 1:
-            run = (run[0], run[1], int(match[2]))
-            continue
-        if run is not None:
-            prefix, first, last = run
-            parts.append(f"{prefix}{first}" if first == last else f"{prefix}{first}…{last}")
-        run = (match[1], int(match[2]), int(match[2])) if match else None
-        if not match and name:
-            parts.append(name)
-    return f"{len(names)} block{'s' * (len(names) != 1)}: {', '.join(parts)}"
-
-
-def _units(find: Any, modules: list[Any]) -> list[tuple[str, Any]]:
-    """``find``'s units of each model; with several models, each unit's name begins with its model's."""
-    if len(modules) == 1:
-        return list(find(modules[0]))
-    return [(f"{prefix}.{name}", unit) for prefix, m in zip(_prefixes(modules), modules) for name, unit in find(m)]
-
-
-def _spans(find: Any, modules: list[Any]) -> list[list[tuple[str, Any]]]:
-    """The span levels around ``find``'s units of each model (instrument/spans.py), named as :func:`_units`
-    names the units; the models are disjoint, so their levels of one depth are one level."""
-    from instrument.units import span_levels
-
-    if len(modules) == 1:
-        return span_levels(modules[0], find(modules[0]))
-    levels: list[list[tuple[str, Any]]] = []
-    for prefix, m in zip(_prefixes(modules), modules):
-        for depth, level in enumerate(span_levels(m, find(m), prefix)):
-            if depth == len(levels):
-                levels.append([])
-            levels[depth].extend(level)
-    return levels
-
-
-def _prefixes(modules: list[Any]) -> list[str]:
-    """Each model's name, numbered where two are of one class."""
-    from instrument.timing import model_name
-
-    names = [model_name(m) for m in modules]
-    return [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
-
-
-def _unwrap(model: Any) -> tuple[Any, Any]:
-    """(the DDP wrapper or None, the module whose units are timed) for a plain, DDP or compiled model.
-
-    ``torch.compile(DDP(m))`` keeps its DDP under ``_orig_mod``: the bucket timer goes there, the timing
-    hooks on the compiled wrapper, outside the region Dynamo traces.
-    """
-    import torch
-
-    ddp_type = torch.nn.parallel.DistributedDataParallel
-    if isinstance(model, ddp_type):
-        return model, model.module
-    inner = getattr(model, "_orig_mod", None)
-    if isinstance(inner, ddp_type):
-        return inner, model
-    return None, model
-
-
-def _is_cuda(device: Any) -> bool:
-    return str(device).startswith("cuda")
-
-
-def _device(device: Any) -> Any:
-    import torch
-
-    return torch.device(device)

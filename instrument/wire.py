@@ -89,8 +89,6 @@ COLUMNS: Final = ColumnarEvents(MAX_EVENTS_PER_FRAME, MAX_NAME_CHARS)
 
 _event = EVENTS.check_row
 """One event's schema: the first thing wrong with a row, or its :class:`Event`."""
-_events = EVENTS.columns
-"""A frame's events checked a column at a time, into :class:`EventColumns`."""
 
 
 def _rank_below_world(values: Mapping[str, Any], where: str) -> None:
@@ -375,10 +373,6 @@ def encode(frame: Frame) -> bytes:
     if layout is None:
         raise TypeError(f"not a wire frame: {type(frame).__name__}")
     return _pack(layout.encode(frame, {"v": WIRE_VERSION, "k": frame.KIND}))
-
-
-# The names each kind had before the one encoder; callers still use them.
-encode_hello = encode_buckets = encode_bye = encode_telemetry = encode
 
 
 def encode_iteration(

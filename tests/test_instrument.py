@@ -16,7 +16,8 @@ from torch import nn
 
 import instrument
 from instrument import wire
-from instrument.tracer import NullTracer, Tracer, move
+from instrument.batch import move
+from instrument.tracer import NullTracer, Tracer
 
 BLOCKS = ["stem", "body", "head"]
 LEAVES = ["stem.0", "body.0", "body.1", "head.2"]
@@ -149,7 +150,7 @@ def test_an_exception_in_a_hook_disables_the_shim_with_one_warning(
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
     assert isinstance(tracer, Tracer)
     calls = {"n": 0}
-    real = instrument.timing._grad_fns
+    real = instrument.timing.grad_fns
 
     def flaky(value: Any) -> Any:
         calls["n"] += 1
@@ -157,7 +158,7 @@ def test_an_exception_in_a_hook_disables_the_shim_with_one_warning(
             raise RuntimeError("boom")
         return real(value)
 
-    monkeypatch.setattr(instrument.timing, "_grad_fns", flaky)
+    monkeypatch.setattr(instrument.timing, "grad_fns", flaky)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         losses = _train(tracer, model, optimizer, 12)

@@ -42,7 +42,7 @@ def _rank_leaves(frames: list[RawFrame], rank: int, after: int) -> list[RawFrame
             continue
         out.append(f)
         if isinstance(x, wire.IterationBatch) and (x.rank, x.iteration) == (rank, after):
-            out.append(RawFrame(f.received_ns, wire.encode_bye(wire.Bye(x.seq + 1, rank, after + 1, 0))))
+            out.append(RawFrame(f.received_ns, wire.encode(wire.Bye(x.seq + 1, rank, after + 1, 0))))
     return out
 
 
@@ -88,7 +88,7 @@ def test_after_a_bye_the_rank_is_no_longer_awaited() -> None:
 
 def test_missing_is_every_rank_below_the_world_that_had_not_said_bye() -> None:
     admission = Admission()
-    for f in [_hello(0, 3), _hello(2, 3), RawFrame(0, wire.encode_bye(wire.Bye(1, 2, 5, 0)))]:
+    for f in [_hello(0, 3), _hello(2, 3), RawFrame(0, wire.encode(wire.Bye(1, 2, 5, 0)))]:
         admission.admit(f)
     assert missing(admission, 4, {0}) == {1, 2}
     assert missing(admission, 5, {0}) == {1}  # rank 2 ran iterations 0..4

@@ -71,7 +71,7 @@ def test_a_rank_that_never_reports_makes_incomplete_iterations_after_the_timeout
     p.feed(frames)
     assert p.analyses() == []  # still waiting: the monitor clock has not moved 5 s
     last = frames[-1].received_ns
-    p.feed([RawFrame(last + 6_000_000_000, wire.encode_bye(wire.Bye(99, 0, 3, 0)))])
+    p.feed([RawFrame(last + 6_000_000_000, wire.encode(wire.Bye(99, 0, 3, 0)))])
     snap = p.snapshot()
     assert snap.incomplete == 3
     assert all(not a.complete and a.ranks == (0, 1) for a in snap.iterations)

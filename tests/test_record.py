@@ -38,7 +38,7 @@ def test_stops_once_n_iterations_are_complete_on_every_rank(tmp_path: Path) -> N
 
 def test_undecodable_frames_are_counted_by_reason_not_written(tmp_path: Path) -> None:
     junk = [b"\x00garbage", wire.encode_iteration(0, 0, 0, [], 0).replace(b"\xa1v\x02", b"\xa1v\x09", 1)]
-    payloads = [_hello(0, 1), junk[0], _iteration(0, 0), junk[1], wire.encode_bye(wire.Bye(9, 0, 1, 0))]
+    payloads = [_hello(0, 1), junk[0], _iteration(0, 0), junk[1], wire.encode(wire.Bye(9, 0, 1, 0))]
     path = tmp_path / "r.dagtop"
     with RecordingWriter(path) as writer:
         result = record(ListSource.of_payloads(payloads, batch=3), writer)

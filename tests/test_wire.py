@@ -88,13 +88,13 @@ def test_malformed_frames_are_refused_with_a_reason(payload: bytes, reason: str 
 
 
 def test_hello_rank_must_be_below_world() -> None:
-    bad = msgpack.packb({**msgpack.unpackb(wire.encode_hello(HELLO)), "rank": 2, "world": 2})
+    bad = msgpack.packb({**msgpack.unpackb(wire.encode(HELLO)), "rank": 2, "world": 2})
     with pytest.raises(wire.WireError, match="not below world size"):
         wire.decode(bad)
 
 
 def test_hello_refuses_bool_as_int() -> None:
-    bad = msgpack.packb({**msgpack.unpackb(wire.encode_hello(HELLO)), "params": True})
+    bad = msgpack.packb({**msgpack.unpackb(wire.encode(HELLO)), "params": True})
     with pytest.raises(wire.WireError, match="'params' must be an integer"):
         wire.decode(bad)
 

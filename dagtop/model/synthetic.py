@@ -77,7 +77,7 @@ def synthetic_frames(
         for r in range(job.ranks):
             h = wire.Hello(seq[r], r, job.ranks, r, host, 10_000 + r, "cpu", "synthetic", "SyntheticNet",
                            11_000_000, "block", 1_700_000_000 * 10**9, start_ns, loader=job.loader)
-            frames.append((start_ns, wire.encode_hello(h)))
+            frames.append((start_ns, wire.encode(h)))
             seq[r] += 1
 
     gap = int(job.gap_ms * _MS)

@@ -1,0 +1,121 @@
+"""What ``attach()`` wires the tracer to: the torch optimizers behind the one given, the model behind its DDP or
+compiled wrapper, the units and spans of each model, and the device it trains on."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+UnitFinder = Callable[["nn.Module"], list[tuple[str, "nn.Module"]]]
+"""``block_units`` or ``layer_units`` (instrument/units.py): a model's timed units, by name."""
+
+
+def model_device(model: Any) -> torch.device:
+    """Where ``model`` (a module, its DDP or compiled wrapper, a list of them: the first; None) keeps its first
+    parameter; the CPU without one."""
+    import torch
+
+    first_model = (model[0] if model else None) if isinstance(model, (list, tuple)) else model
+    first = next(first_model.parameters(), None) if first_model is not None and hasattr(first_model, "parameters") \
+        else None
+    return first.device if first is not None else torch.device("cpu")
+
+
+def optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers behind ``optimizer``: one, a list of them, or wrappers (accelerate's
+    ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) whose ``step()`` calls the torch one's."""
+    items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if not items:
+        raise ValueError("no optimizer given")
+    unwrapped = []
+    for opt in items:
+        while not hasattr(opt, "_optimizer_step_pre_hooks"):  # a torch Optimizer's, set by its __init__
+            inner = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
+            if inner is None or inner is opt:
+                raise TypeError(f"{type(opt).__name__} is not a torch optimizer and wraps none")
+            opt = inner
+        unwrapped.append(opt)
+    return unwrapped
+
+
+def describe_units(names: list[str]) -> str:
+    """``6 blocks: embed, layers.0…3, head``: numbered runs of one prefix (a ModuleList's members) folded."""
+    parts: list[str] = []
+    run: tuple[str, int, int] | None = None  # prefix, first, last
+    for name in [*names, ""]:
+        match = re.fullmatch(r"(.*?)(\d+)", name)
+        if run is not None and match and match[1] == run[0] and int(match[2]) == run[2] + 1:
+            run = (run[0], run[1], int(match[2]))
+            continue
+        if run is not None:
+            prefix, first, last = run
+            parts.append(f"{prefix}{first}" if first == last else f"{prefix}{first}…{last}")
+        run = (match[1], int(match[2]), int(match[2])) if match else None
+        if not match and name:
+            parts.append(name)
+    return f"{len(names)} block{'s' * (len(names) != 1)}: {', '.join(parts)}"
+
+
+def units_of(find: UnitFinder, modules: list[Any]) -> list[tuple[str, Any]]:
+    """``find``'s units of each model; with several models, each unit's name begins with its model's."""
+    if len(modules) == 1:
+        return list(find(modules[0]))
+    return [(f"{prefix}.{name}", unit) for prefix, m in zip(_prefixes(modules), modules) for name, unit in find(m)]
+
+
+def spans_of(find: UnitFinder, modules: list[Any]) -> list[list[tuple[str, Any]]]:
+    """The span levels around ``find``'s units of each model (instrument/spans.py), named as :func:`units_of`
+    names the units; the models are disjoint, so their levels of one depth are one level."""
+    from instrument.units import span_levels
+
+    if len(modules) == 1:
+        return span_levels(modules[0], find(modules[0]))
+    levels: list[list[tuple[str, Any]]] = []
+    for prefix, m in zip(_prefixes(modules), modules):
+        for depth, level in enumerate(span_levels(m, find(m), prefix)):
+            if depth == len(levels):
+                levels.append([])
+            levels[depth].extend(level)
+    return levels
+
+
+def _prefixes(modules: list[Any]) -> list[str]:
+    """Each model's name, numbered where two are of one class."""
+    from instrument.units import model_name
+
+    names = [model_name(m) for m in modules]
+    return [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
+def unwrap(model: Any) -> tuple[Any, Any]:
+    """(the DDP wrapper or None, the module whose units are timed) for a plain, DDP or compiled model.
+
+    ``torch.compile(DDP(m))`` keeps its DDP under ``_orig_mod``: the bucket timer goes there, the timing
+    hooks on the compiled wrapper, outside the region Dynamo traces.
+    """
+    import torch
+
+    ddp_type = torch.nn.parallel.DistributedDataParallel
+    if isinstance(model, ddp_type):
+        return model, model.module
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, ddp_type):
+        return inner, model
+    return None, model
+
+
+def is_cuda(device: object) -> bool:
+    """Whether ``device`` (a ``torch.device`` or its name) is a GPU."""
+    return str(device).startswith("cuda")
+
+
+def as_device(device: torch.device | str) -> torch.device:
+    """``device`` as a ``torch.device``."""
+    import torch
+
+    return torch.device(device)
