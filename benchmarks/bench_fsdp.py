@@ -62,7 +62,7 @@ def per_collective_us(repeats: int = 5, calls: int = 20_000) -> float:
     import torch.distributed as dist
 
     from instrument.fsdp import TimedAllGather, _Names
-    from instrument.timing import Switch
+    from instrument.probe import Probe, Switch
 
     class NoGather:
         def __call__(self, **kwargs: object) -> None:
@@ -72,8 +72,8 @@ def per_collective_us(repeats: int = 5, calls: int = 20_000) -> float:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     events: list[tuple[object, ...]] = []
     names = _Names(lambda: len(events) // 64)  # a new "iteration" every 64 collectives, as a model's would be
-    timed = TimedAllGather(NoGather(), "all-gather layers.0", names, events.append, time.perf_counter_ns, Switch(),
-                           lambda exc: None)
+    timed = TimedAllGather(NoGather(), "all-gather layers.0", names,
+                           Probe(events.append, time.perf_counter_ns, "comm", Switch(), lambda exc: None))
     out, inp = torch.empty(1024), torch.empty(512)
     group = dist.group.WORLD
     plain = NoGather()

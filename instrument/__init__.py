@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Final
 from instrument.wire import DEFAULT_ENDPOINT
 
 if TYPE_CHECKING:
-    from instrument.ranktracer import Granularity
-    from instrument.tracer import NullTracer, Tracer
+    from instrument.ranktracer import Granularity, NullTracer
+    from instrument.tracer import Tracer
 
 __all__ = ["DEFAULT_ENDPOINT", "NullTracer", "Tracer", "attach"]
 
-_LAZY: Final = {"Tracer": "instrument.tracer", "NullTracer": "instrument.tracer"}
+_LAZY: Final = {"Tracer": "instrument.tracer", "NullTracer": "instrument.ranktracer"}
 """The package's names that live in modules with effects, imported when first asked for (PEP 562)."""
 
 
@@ -80,8 +80,8 @@ def attach(
     carry the same rank and iteration numbers as the first's); attach every model at once, as lists.
     """
     from instrument import settings
-    from instrument.ranktracer import GRANULARITIES
-    from instrument.tracer import NullTracer, Tracer, open_tracer
+    from instrument.ranktracer import GRANULARITIES, NullTracer
+    from instrument.tracer import Tracer, open_tracer
 
     said = settings.read()
     endpoint = endpoint or said.endpoint

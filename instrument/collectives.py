@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from instrument.events import COLLECTIVE, SCRIPT
 from instrument.fsdp import _Names as Names
-from instrument.timing import Stamp, Switch
+from instrument.probe import Probe
 
 OPS: Final = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "barrier", "reduce_scatter",
               "reduce_scatter_tensor")
@@ -55,9 +55,9 @@ def _nbytes(value: Any) -> int:
 class ScriptCollectives:
     """The wrappers of :data:`OPS` for one tracer; :meth:`remove` puts the functions back."""
 
-    def __init__(self, sink: Callable[[tuple[Any, ...]], None], stamp: Stamp, switch: Switch,
-                 fail: Callable[[BaseException], None], iteration: Callable[[], int]) -> None:
-        self._sink, self._stamp, self._switch, self._fail = sink, stamp, switch, fail
+    def __init__(self, probe: Probe, iteration: Callable[[], int]) -> None:
+        self._probe = probe
+        """The tracer's, on the ``comm`` lane."""
         self._names = Names(iteration)
         self._open: dict[int, tuple[str, int]] = {}
         """Call number → (name, ``perf_counter_ns`` when issued), while the collective is in flight."""
@@ -91,7 +91,8 @@ class ScriptCollectives:
         at = {name: params.index(name) for name in ("group", "async_op", _TENSORS.get(op, "")) if name in params}
         tensors = _TENSORS.get(op)
         base = f"{op}{SCRIPT}"
-        switch, stamp, sink, fail, names, open_ = self._switch, self._stamp, self._sink, self._fail, self._names, self._open
+        probe, names, open_ = self._probe, self._names, self._open
+        switch, stamp, sink, fail, lane, ended = probe.switch, probe.stamp, probe.sink, probe.fail, probe.lane, probe.ended
         count = self._count
         world = dist.group.WORLD
 
@@ -123,14 +124,11 @@ class ScriptCollectives:
             try:
                 if work is None or not argument("async_op", args, kwargs):
                     open_.pop(key, None)
-                    sink(COLLECTIVE.event(name, "comm", ready, stamp(), size))
+                    sink(COLLECTIVE.event(name, lane, ready, stamp(), size))
                 else:
                     def done(_: Any) -> None:
                         open_.pop(key, None)
-                        try:
-                            sink(COLLECTIVE.event(name, "comm", ready, stamp(), size))
-                        except Exception as exc:  # noqa: BLE001
-                            fail(exc)
+                        ended(COLLECTIVE, name, ready, size)
 
                     work.get_future().add_done_callback(done)
             except Exception as exc:  # noqa: BLE001

@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 from instrument import wire
 from instrument.events import COLLECTIVE, SYNC_ON_MAIN
+from instrument.probe import Probe
 from instrument.teardown import Held, Pending, restash_context, unstash_context
-from instrument.timing import Stamp, Switch
 
 _work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
 """torch's C++ ``Work`` around a future (private, not in the stubs); a torch without it leaves the buckets untimed
@@ -148,16 +148,13 @@ class BucketTimer:
     def __init__(
         self,
         ddp: torch.nn.parallel.DistributedDataParallel,
-        sink: Callable[[tuple[Any, ...]], None],
-        stamp: Stamp,
-        switch: Switch,
-        fail: Callable[[BaseException], None],
+        probe: Probe,
     ) -> None:
         self._ddp = ddp
-        self._sink = sink
-        self._stamp = stamp
-        self._switch = switch
-        self._fail = fail
+        self._probe = probe
+        """Its lane is the collectives' (``comm``); its clock the stream's on a GPU (NCCL's futures complete at
+        enqueue)."""
+        self._stamp, self._switch, self._fail = probe.stamp, probe.switch, probe.fail
         self._next = 0
         """Index of the next bucket the reducer hands over in this backward."""
         self._sizes: dict[int, tuple[int, torch.dtype]] = {}
@@ -224,14 +221,11 @@ class BucketTimer:
             self._fail(exc)
             return None
         name, size = known[2], known[3][0]
-        sink, stamp, open_, fail = self._sink, self._stamp, self._open, self._fail
+        open_, ended = self._open, self._probe.ended
 
         def done(future: Any, held: Held = Held(self.pending)) -> Any:  # noqa: B008 - one per callback, on purpose
             open_.pop(index, None)
-            try:
-                sink(COLLECTIVE.event(name, "comm", ready, stamp(), size))
-            except Exception as exc:  # noqa: BLE001
-                fail(exc)
+            ended(COLLECTIVE, name, ready, size)
             return future.value()  # a failed collective raises here, as it would without dagtop
 
         return done
@@ -317,14 +311,13 @@ def _cut(order: list[int], params: list[tuple[str, torch.nn.Parameter]],
 
 def time_buffer_sync(
     ddp: torch.nn.parallel.DistributedDataParallel,
-    sink: Callable[[tuple[Any, ...]], None],
-    switch: Switch,
-    fail: Callable[[BaseException], None],
+    probe: Probe,
 ) -> bool:
     """Time DDP's buffer broadcast (``broadcast_buffers=True``, the default) before each forward.
 
     It is a collective on the training thread: a straggler's wait lands here first, outside every block,
-    so leaving it untimed would hide it. Reported as ("allreduce", "custom", "ddp.sync_buffers", "main").
+    so leaving it untimed would hide it. Reported as ``SYNC_ON_MAIN`` "ddp.sync_buffers" on the probe's lane (the
+tracer's ``main``, stamped with ``perf_counter_ns``).
     Relies on the private ``DistributedDataParallel._sync_buffers`` (torch 1.12 to 2.13); without it,
     nothing is timed and False is returned.
     """
@@ -334,18 +327,15 @@ def time_buffer_sync(
     size = sum(b.numel() * b.element_size() for b in ddp.module.buffers())
     if size == 0:
         return False
-    now = time.perf_counter_ns
+    switch, stamp, ended = probe.switch, probe.stamp, probe.ended
 
     def timed_sync_buffers(*args: Any, **kwargs: Any) -> Any:
         # Under torch.compile(DDP(m)) this runs inside the traced forward: a timestamp there is a graph break.
         if not switch.on or _compiling():
             return sync(*args, **kwargs)
-        start = now()
+        start = stamp()
         result = sync(*args, **kwargs)
-        try:
-            sink(SYNC_ON_MAIN.event("ddp.sync_buffers", "main", start, now(), size))
-        except Exception as exc:  # noqa: BLE001
-            fail(exc)
+        ended(SYNC_ON_MAIN, "ddp.sync_buffers", start, size)
         return result
 
     ddp._sync_buffers = timed_sync_buffers  # type: ignore[method-assign]

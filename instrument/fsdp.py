@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from instrument.events import COLLECTIVE, CollectiveKind, collective_name
-from instrument.timing import Stamp, Switch
+from instrument.probe import Probe
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -147,13 +147,13 @@ def _group_suffix(group: Any) -> str:
 class _Timed:
     """What the all-gather and reduce-scatter wrappers share: the timing around one call of the held comm."""
 
-    def __init__(self, inner: Any, base: str, names: _Names, sink: Callable[[tuple[Any, ...]], None],
-                 stamp: Stamp, switch: Switch, fail: Callable[[BaseException], None]) -> None:
+    def __init__(self, inner: Any, base: str, names: _Names, probe: Probe) -> None:
         self.inner = inner
         self.done: Any = None
         """The stamp of the last synchronous call's end: where HSDP's all-reduce, issued right after, begins."""
         self._base, self._backward_base = base, f"{base} (backward)"
-        self._names, self._sink, self._stamp, self._switch, self._fail = names, sink, stamp, switch, fail
+        self._names, self._probe = names, probe
+        self._sink, self._stamp, self._switch, self._fail = probe.sink, probe.stamp, probe.switch, probe.fail
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return self.inner.allocate(size, dtype=dtype, device=device)  # type: ignore[no-any-return]
@@ -173,15 +173,12 @@ class _Timed:
         try:
             if work is None:
                 self.done = self._stamp()
-                self._sink(COLLECTIVE.event(name, "comm", ready, self.done, size))
+                self._sink(COLLECTIVE.event(name, self._probe.lane, ready, self.done, size))
             else:
-                sink, stamp, fail = self._sink, self._stamp, self._fail
+                ended = self._probe.ended
 
                 def done(fut: Any) -> None:
-                    try:
-                        sink(COLLECTIVE.event(name, "comm", ready, stamp(), size))
-                    except Exception as exc:  # noqa: BLE001
-                        fail(exc)
+                    ended(COLLECTIVE, name, ready, size)
 
                 work.get_future().add_done_callback(done)
         except Exception as exc:  # noqa: BLE001
@@ -222,22 +219,20 @@ class TimedAllReduce:
     """
 
     def __init__(self, scatter: _Timed, user_hook: Callable[[torch.Tensor], None] | None, base: str, group: Any,
-                 names: _Names, sink: Callable[[tuple[Any, ...]], None], stamp: Stamp, switch: Switch,
-                 fail: Callable[[BaseException], None]) -> None:
+                 names: _Names, probe: Probe) -> None:
         self.user_hook = user_hook
         self._scatter, self._base, self._group = scatter, base, group
-        self._names, self._sink, self._stamp, self._switch, self._fail = names, sink, stamp, switch, fail
+        self._names, self._probe = names, probe
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
-        if self._switch.on:
+        probe = self._probe
+        if probe.switch.on:
             try:
                 start, self._scatter.done = self._scatter.done, None
                 if start is not None:
-                    end = self._stamp()
-                    size = reduce_output.nbytes
-                    self._sink(COLLECTIVE.event(self._names(self._base, self._group), "comm", start, end, size))
+                    probe.ended(COLLECTIVE, self._names(self._base, self._group), start, reduce_output.nbytes)
             except Exception as exc:  # noqa: BLE001 - never reach the training loop
-                self._fail(exc)
+                probe.fail(exc)
         if self.user_hook is not None:
             self.user_hook(reduce_output)
 
@@ -247,23 +242,19 @@ class ShardTimer:
 
     Args:
         roots: the models as attached (their module names name the collectives).
-        sink: where events go (the tracer's list append: atomic, safe from comm threads).
-        stamp: ``perf_counter_ns`` on CPU, the tracer's CUDA event stamp on a GPU.
-        switch: the tracer's on/off flag.
-        fail: the tracer's error handler: disables the shim, warns once.
+        probe: the tracer's, on the ``comm`` lane (its sink is the tracer's list append: atomic, safe from comm
+            threads; its stamp ``perf_counter_ns`` on CPU, a CUDA event on a GPU).
         iteration: the tracer's current iteration, for the per-iteration counts of repeated names.
 
     ``skipped`` lists the units left untimed, with why. :meth:`remove` gives FSDP back the comms it held.
     """
 
     @classmethod
-    def of(cls, roots: Sequence[torch.nn.Module], sink: Callable[[tuple[Any, ...]], None], stamp: Stamp,
-           switch: Switch, fail: Callable[[BaseException], None], iteration: Callable[[], int]) -> ShardTimer | None:
+    def of(cls, roots: Sequence[torch.nn.Module], probe: Probe, iteration: Callable[[], int]) -> ShardTimer | None:
         """The timer of the ``fully_shard`` units under ``roots``; None if there are none."""
-        return cls(roots, sink, stamp, switch, fail, iteration) if _kinds(roots)[0] else None
+        return cls(roots, probe, iteration) if _kinds(roots)[0] else None
 
-    def __init__(self, roots: Sequence[torch.nn.Module], sink: Callable[[tuple[Any, ...]], None], stamp: Stamp,
-                 switch: Switch, fail: Callable[[BaseException], None], iteration: Callable[[], int]) -> None:
+    def __init__(self, roots: Sequence[torch.nn.Module], probe: Probe, iteration: Callable[[], int]) -> None:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
@@ -278,10 +269,9 @@ class ShardTimer:
         for root in roots:
             for fqn, module in root.named_modules():
                 if isinstance(module, FSDPModule):
-                    self._wrap(module, _unit_name(fqn, module), names, sink, stamp, switch, fail)
+                    self._wrap(module, _unit_name(fqn, module), names, probe)
 
-    def _wrap(self, module: FSDPModule, unit: str, names: _Names, sink: Callable[[tuple[Any, ...]], None],
-              stamp: Stamp, switch: Switch, fail: Callable[[BaseException], None]) -> None:
+    def _wrap(self, module: FSDPModule, unit: str, names: _Names, probe: Probe) -> None:
         # FSDP keeps its comms on its parameter groups (private): read them, so as to wrap rather than replace.
         groups: list[Any] | None = getattr(module._get_fsdp_state(), "_fsdp_param_groups", None)
         if groups is not None and not groups:
@@ -297,16 +287,17 @@ class ShardTimer:
             return
         # Virtual subclasses of FSDP's default comms (see __init__): the casts say so to the type checker.
         module.set_custom_all_gather(cast("AllGather", TimedAllGather(
-            gather, collective_name(CollectiveKind.ALL_GATHER, unit), names, sink, stamp, switch, fail)))
-        timed_scatter = TimedReduceScatter(scatter, collective_name(CollectiveKind.REDUCE_SCATTER, unit), names, sink, stamp, switch, fail)
+            gather, collective_name(CollectiveKind.ALL_GATHER, unit), names, probe)))
+        timed_scatter = TimedReduceScatter(scatter, collective_name(CollectiveKind.REDUCE_SCATTER, unit), names,
+                                           probe)
         module.set_custom_reduce_scatter(cast("ReduceScatter", timed_scatter))
         # HSDP (a 2-D mesh): FSDP also all-reduces across replicas. On plain FSDP no hook is set, since one would
         # move FSDP's post-reduce work onto another stream.
         replicas = getattr(getattr(group, "mesh_info", None), "replicate_process_group", None)
         user_hook = getattr(group, "_all_reduce_hook", None) if replicas is not None else _NO_HOOK
         if replicas is not None:
-            module.set_all_reduce_hook(TimedAllReduce(timed_scatter, user_hook, collective_name(CollectiveKind.ALL_REDUCE, unit), replicas,
-                                                      names, sink, stamp, switch, fail))
+            module.set_all_reduce_hook(TimedAllReduce(
+                timed_scatter, user_hook, collective_name(CollectiveKind.ALL_REDUCE, unit), replicas, names, probe))
         self._held.append((module, gather, scatter, user_hook))
 
     @property

@@ -19,8 +19,8 @@ from instrument import settings
 from instrument.events import COPY, LOAD, SYNC_ON_MAIN
 
 if TYPE_CHECKING:
-    from instrument.ranktracer import Granularity
-    from instrument.tracer import NullTracer, Tracer
+    from instrument.ranktracer import Granularity, NullTracer
+    from instrument.tracer import Tracer
 
 __all__ = ["DagtopCallback"]
 

@@ -10,26 +10,15 @@ from torch import nn
 
 from instrument.autograd import compiling, consumes, grad_enabled, grad_fns, graph_task_id, needs_grad
 from instrument.compiled import CompiledCall, warn_if_backward_is_compiled
-from instrument.events import BACKWARD, FORWARD
+from instrument.events import BACKWARD, FORWARD, RawEvent
+from instrument.probe import Fail, Probe, Stamp, Switch
 
 MAX_PENDING_EVENTS = 200_000
 """Forwards with gradients but no optimizer step (a validation loop without no_grad) stop being timed here."""
 
-Stamp = Callable[[], Any]
-"""Returns a timestamp: ``perf_counter_ns()`` on CPU, a recorded CUDA event on a GPU."""
-
 
 _RECOMPUTED = object()
 """``Unit.fwd_start`` while backward recomputes the unit's forward (reentrant checkpointing)."""
-
-
-class Switch:
-    """Whether the shim is timing: one flag shared by every hook (an attribute read, cheaper than a call)."""
-
-    __slots__ = ("on",)
-
-    def __init__(self) -> None:
-        self.on = True
 
 
 class Unit:
@@ -57,8 +46,8 @@ class Unit:
         checkpoint runs its function under no_grad), kept until backward runs that forward again."""
 
 
-def _boundary(callbacks: list[Callable[[Any], None]], stamp: Stamp, switch: Switch,
-              fail: Callable[[BaseException], None]) -> Callable[[Any], None]:
+def _boundary(callbacks: list[Callable[[Any], None]], stamp: Stamp, switch: Switch, fail: Fail
+              ) -> Callable[[Any], None]:
     """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node."""
 
     def prehook(grad_outputs: Any) -> None:
@@ -113,23 +102,14 @@ class UnitTimer:
     around its compiled call (:class:`~instrument.compiled.CompiledCall`).
     """
 
-    def __init__(
-        self,
-        units: list[tuple[str, nn.Module]],
-        events: list[tuple[Any, ...]],
-        stamp: Stamp,
-        lane: str,
-        switch: Switch,
-        fail: Callable[[BaseException], None],
-        boundaries: Boundaries | None = None,
-    ) -> None:
+    def __init__(self, units: list[tuple[str, nn.Module]], events: list[RawEvent], probe: Probe,
+                 boundaries: Boundaries | None = None) -> None:
         self.units = [Unit(n, m) for n, m in units]
         self._events = events
-        self._sink = events.append  # list.append is atomic: autograd threads append concurrently
-        self._stamp = stamp
-        self._lane = lane
-        self._switch = switch
-        self._fail = fail
+        """What ``probe.sink`` appends to (list.append is atomic: autograd threads append concurrently), read for
+        its length."""
+        self._sink, self._stamp, self._lane = probe.sink, probe.stamp, probe.lane
+        self._switch, self._fail = probe.switch, probe.fail
         self._handles: list[Any] = []
         self._boundaries: Boundaries = {} if boundaries is None else boundaries
         """Autograd node id -> its prehook, for the current iteration (holding the node keeps the id unique);
@@ -390,13 +370,14 @@ class TimerSet:
 
     @classmethod
     def of(cls, units: list[tuple[str, nn.Module]], levels: list[list[tuple[str, nn.Module]]],
-           events: list[tuple[Any, ...]], stamp: Stamp, lane: str, switch: Switch,
-           fail: Callable[[BaseException], None]) -> TimerSet:
+           events: list[RawEvent], probe: Probe) -> TimerSet:
+        """The timers of ``units`` and of their span ``levels``, their events appended to ``events`` by
+        ``probe.sink``."""
         from instrument.spans import SPAN
 
         shared: Boundaries = {}
-        return cls(UnitTimer(units, events, stamp, lane, switch, fail, shared),
-                   [UnitTimer(level, events, stamp, SPAN + lane, switch, fail, shared) for level in levels])
+        spans = probe.on_lane(SPAN + probe.lane)
+        return cls(UnitTimer(units, events, probe, shared), [UnitTimer(level, events, spans, shared) for level in levels])
 
     @property
     def units(self) -> list[Unit]:

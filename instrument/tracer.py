@@ -14,21 +14,28 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Iterable
+from typing import Any, Final
 
 from instrument import wire
 from instrument.batch import TimedLoader, move
 from instrument.boundary import IterationBoundary
 from instrument.events import CATEGORIES, COPY, UPDATE, RawEvent, custom
 from instrument.identity import job_identity
-from instrument.ranktracer import Granularity
+from instrument.probe import Probe, Switch
+from instrument.ranktracer import Closing, Granularity
 from instrument.whereabouts import Whereabouts
-from instrument.wiring import as_device, describe_units, is_cuda, model_device, optimizers, spans_of, units_of, unwrap
-
-if TYPE_CHECKING:
-    import torch
+from instrument.wiring import (
+    as_device,
+    describe_units,
+    is_cuda,
+    model_device,
+    optimizers,
+    spans_of,
+    time_collectives,
+    units_of,
+    unwrap,
+)
 
 CLOSE_TIMEOUT_S: Final = 2.0
 SETTLE_TIMEOUT_S: Final = 10.0
@@ -56,56 +63,6 @@ def open_tracer() -> Tracer | None:
     return next((t for t in list(_live_tracers) if not t._closed and t._on), None)
 
 
-class _Closing:
-    """``with attach(...) as tracer:``: the tracer, closed on the way out."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.close()
-
-
-class NullTracer(_Closing):
-    """What attach() returns with ``DAGTOP_DISABLE=1`` (or after a failure): the same calls and attributes as
-    :class:`Tracer` (:class:`~instrument.ranktracer.RankTracer`), no timing. Its ``device`` is the model's."""
-
-    iteration = 0
-    enabled = False
-
-    def __init__(self, model: Any = None, *, rank: int = 0, world: int = 1, local_rank: int = 0,
-                 endpoint: str = wire.DEFAULT_ENDPOINT, granularity: Granularity = "block",
-                 sample_every: int = 0) -> None:
-        self.rank, self.world, self.local_rank = rank, world, local_rank
-        self.endpoint, self.granularity, self.sample_every = endpoint, granularity, sample_every
-        self._model = model
-
-    @functools.cached_property
-    def device(self) -> torch.device:
-        """The model's device (the CPU without a model): asked for, not at attach, so torch loads only if used."""
-        return model_device(self._model)
-
-    def loader(self, iterable: Iterable[Any]) -> Iterable[Any]:
-        return iterable
-
-    def to_device(self, batch: Any, device: torch.device | str) -> Any:
-        return move(batch, device)[0]
-
-    def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def record(self, category: str, phase: str, name: str, start_ns: int, end_ns: int, nbytes: int = 0,
-               lane: str = "main") -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class _Task:
     """A custom task: times a ``with`` block on the training thread."""
 
@@ -124,7 +81,7 @@ class _Task:
             self._tracer._main_task(self._kind.event(self._name, "main", self._start, time.perf_counter_ns()))
 
 
-class Tracer(_Closing):
+class Tracer(Closing):
     """Times one rank's iterations and hands each one to the publisher when ``optimizer.step()`` returns.
 
     Built by :func:`instrument.attach`; the constructor takes already-resolved settings.
@@ -143,8 +100,6 @@ class Tracer(_Closing):
         """When this process attached: with its pid, which process of the rank this is."""
         self._job = job_identity()
         """Which job and incarnation, for the hello."""
-        from instrument.timing import Switch
-
         self._switch = Switch()
         self._forked = False
         self._warned = threading.Lock()
@@ -205,17 +160,18 @@ class Tracer(_Closing):
             from instrument.cuda import CudaTiming
 
             self._cuda = CudaTiming(self.device)
+        # NCCL's futures complete at enqueue, so a CUDA job times its collectives on the stream too.
         stamp = self._cuda.stamp if self._cuda is not None else time.perf_counter_ns
         self._stamp = stamp
         self._lane = "gpu" if self._cuda is not None else "main"
-
-        switch = self._switch
+        probe = Probe(self._events.append, stamp, self._lane, self._switch, self._fail)  # the compute lane's
+        self._guard = probe.guard
         modules = [m for _, m in unwrapped]
         # The units, and around them the modules whose own work falls between them (instrument/spans.py).
         self._blocks = TimerSet.of(units_of(block_units, modules), spans_of(block_units, modules), self._events,
-                                   stamp, self._lane, switch, self._fail)
+                                   probe)
         self._layers = TimerSet.of(units_of(layer_units, modules), spans_of(layer_units, modules), self._events,
-                                   stamp, self._lane, switch, self._fail)
+                                   probe)
         self._detailed_now = False
         self._switch_units(self._detailed(0))
         self._optimizers = optimizers(optimizer)
@@ -249,32 +205,9 @@ class Tracer(_Closing):
             self._telemetry = TelemetryThread(self._publisher.put_telemetry, rank=self.rank,
                                               local_rank=self.local_rank, host=socket.gethostname(),
                                               cuda_index=cuda_index)
-        shards = None
-        if ddp is not None:
-            from instrument.comm import BucketTimer, time_buffer_sync
-
-            time_buffer_sync(ddp, self._events.append, switch, self._fail)
-            try:
-                self._comm = BucketTimer(ddp, self._events.append, self._comm_stamp(ddp), switch, self._fail)
-            except Exception as exc:  # noqa: BLE001 - a torch without the reducer's process-group swap
-                warnings.warn(f"dagtop: DDP's gradient all-reduces are not timed on this torch ({exc}); "
-                              "their time counts as untimed", RuntimeWarning, stacklevel=4)
-        elif self.world > 1:
-            from instrument.fsdp import ShardTimer, untimed
-
-            # fully_shard (FSDP2): all-gathers, reduce-scatters (and HSDP's all-reduce) through FSDP's own API.
-            shards = ShardTimer.of(modules, self._events.append, stamp, switch, self._fail, lambda: self.iteration)
-            if shards is not None:
-                self._handles.append(shards)  # its remove() gives FSDP back the comms it held
-            reason = untimed(modules, shards)
-            if reason:
-                warnings.warn(f"dagtop: rank {self.rank} of {self.world} {reason}", RuntimeWarning, stacklevel=4)
-        if ddp is not None or shards is not None:
-            from instrument.collectives import ScriptCollectives
-
-            # The script's own all_reduce, barrier... as collectives across ranks, beside DDP's or FSDP's.
-            self._script = ScriptCollectives(self._events.append, stamp, switch, self._fail, lambda: self.iteration)
-            self._handles.append(self._script)  # its remove() gives torch.distributed its functions back
+        timed = time_collectives(ddp, modules, self.rank, self.world, probe, lambda: self.iteration)
+        self._comm, self._script = timed.buckets, timed.script
+        self._handles.extend(timed.handles)
 
     @property
     def enabled(self) -> bool:
@@ -397,10 +330,6 @@ class Tracer(_Closing):
             self._blocks.install()
         self._detailed_now = detailed
 
-    def _comm_stamp(self, ddp: Any) -> Any:
-        # NCCL futures complete at enqueue, so a CUDA job times its collectives on the stream.
-        return self._cuda.stamp if self._cuda is not None else time.perf_counter_ns
-
     # ------------------------------------------------------------------ iteration boundaries (instrument/boundary.py)
 
     def _main_task(self, event: RawEvent) -> None:
@@ -408,52 +337,41 @@ class Tracer(_Closing):
         self._boundary.task()
         self._events.append(event)
 
-    def _step_started(self, name: str) -> Any:
+    def _step_started(self, name: str) -> Callable[..., Any]:
         def step_started(optimizer: Any, args: Any, kwargs: Any) -> Any:
-            if not self._on:
-                return None
-            try:
-                self._boundary.step_began()
-                # ``args`` are step()'s own: the optimizer first, then the closure if passed by position.
-                closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-                if closure is None:
-                    self._backward_over()
-                    self._update_starts[name] = self._stamp()
-                    return None
-                # optimizer.step(closure) (LBFGS, Lightning): forward and backward run inside the step, the
-                # update after the closure returns (after its last call, for an optimizer that calls it again).
-                def timed_closure(*a: Any, **k: Any) -> Any:
-                    result = closure(*a, **k)
-                    if self._on:
-                        try:
-                            self._backward_over()
-                            self._update_starts[name] = self._stamp()
-                        except Exception as exc:  # noqa: BLE001
-                            self._fail(exc)
-                    return result
-
-                if "closure" in kwargs:
-                    return args, {**kwargs, "closure": timed_closure}
-                return (args[0], timed_closure, *args[2:]), kwargs
-            except Exception as exc:  # noqa: BLE001
-                self._fail(exc)
+            self._boundary.step_began()
+            # ``args`` are step()'s own: the optimizer first, then the closure if passed by position.
+            closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+            if closure is None:
+                self._update_began(name)
                 return None
 
-        return step_started
+            # optimizer.step(closure) (LBFGS, Lightning): forward and backward run inside the step, the
+            # update after the closure returns (after its last call, for an optimizer that calls it again).
+            def timed_closure(*a: Any, **k: Any) -> Any:
+                result = closure(*a, **k)
+                update_began(name)
+                return result
 
-    def _step_ended(self, name: str) -> Any:
+            if "closure" in kwargs:
+                return args, {**kwargs, "closure": timed_closure}
+            return (args[0], timed_closure, *args[2:]), kwargs
+
+        update_began = self._guard(self._update_began)
+        return self._guard(step_started)
+
+    def _update_began(self, name: str) -> None:
+        self._backward_over()
+        self._update_starts[name] = self._stamp()
+
+    def _step_ended(self, name: str) -> Callable[..., None]:
         def step_ended(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if not self._on:
-                return
-            try:
-                start = self._update_starts.pop(name, None)
-                if start is not None:
-                    self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))
-                self._boundary.step_ended()
-            except Exception as exc:  # noqa: BLE001
-                self._fail(exc)
+            start = self._update_starts.pop(name, None)
+            if start is not None:
+                self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))
+            self._boundary.step_ended()
 
-        return step_ended
+        return self._guard(step_ended)
 
     def _backward_over(self) -> None:
         # Backward is over: units whose backward ends at their last gradient accumulation are done.

@@ -4,12 +4,18 @@ compiled wrapper, the units and spans of each model, and the device it trains on
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+    from instrument.collectives import ScriptCollectives
+    from instrument.comm import BucketTimer
+    from instrument.probe import Probe
 
 UnitFinder = Callable[["nn.Module"], list[tuple[str, "nn.Module"]]]
 """``block_units`` or ``layer_units`` (instrument/units.py): a model's timed units, by name."""
@@ -119,3 +125,54 @@ def as_device(device: torch.device | str) -> torch.device:
     import torch
 
     return torch.device(device)
+
+
+@dataclass
+class Collectives:
+    """What :func:`time_collectives` set up."""
+
+    buckets: BucketTimer | None = None
+    """DDP's gradient buckets' all-reduces."""
+    script: ScriptCollectives | None = None
+    """The script's own collectives (``dist.all_reduce``, ``dist.barrier``...)."""
+    handles: list[Any] = field(default_factory=list)
+    """What the tracer removes when it stops (each has a ``remove()``)."""
+
+
+def time_collectives(ddp: torch.nn.parallel.DistributedDataParallel | None, modules: list[Any], rank: int,
+                     world: int, probe: Probe, iteration: Callable[[], int]) -> Collectives:
+    """Time the job's collectives on the ``comm`` lane of ``probe``: DDP's buckets (and its buffer broadcast, on
+    the main lane), else FSDP2's all-gathers and reduce-scatters; and beside either, the script's own.
+
+    Called by the tracer's ``_install`` (``stacklevel`` 5 is the caller of ``attach()``).
+    """
+    out = Collectives()
+    shards = None
+    if ddp is not None:
+        import time
+
+        from instrument.comm import BucketTimer, time_buffer_sync
+
+        time_buffer_sync(ddp, probe.on_lane("main", time.perf_counter_ns))
+        try:
+            out.buckets = BucketTimer(ddp, probe.on_lane("comm"))
+        except Exception as exc:  # noqa: BLE001 - a torch without the reducer's process-group swap
+            warnings.warn(f"dagtop: DDP's gradient all-reduces are not timed on this torch ({exc}); "
+                          "their time counts as untimed", RuntimeWarning, stacklevel=5)
+    elif world > 1:
+        from instrument.fsdp import ShardTimer, untimed
+
+        # fully_shard (FSDP2): all-gathers, reduce-scatters (and HSDP's all-reduce) through FSDP's own API.
+        shards = ShardTimer.of(modules, probe.on_lane("comm"), iteration)
+        if shards is not None:
+            out.handles.append(shards)  # its remove() gives FSDP back the comms it held
+        reason = untimed(modules, shards)
+        if reason:
+            warnings.warn(f"dagtop: rank {rank} of {world} {reason}", RuntimeWarning, stacklevel=5)
+    if ddp is not None or shards is not None:
+        from instrument.collectives import ScriptCollectives
+
+        # The script's own all_reduce, barrier... as collectives across ranks, beside DDP's or FSDP's.
+        out.script = ScriptCollectives(probe.on_lane("comm"), iteration)
+        out.handles.append(out.script)  # its remove() gives torch.distributed its functions back
+    return out

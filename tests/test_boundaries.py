@@ -16,7 +16,8 @@ from torch import nn
 
 import instrument
 from instrument import wire
-from instrument.tracer import NullTracer, Tracer
+from instrument.ranktracer import NullTracer
+from instrument.tracer import Tracer
 
 STEPS = 6
 LAYERS = ["embed", "layers.0", "layers.1", "layers.2", "layers.3", "head"]  # the ModuleList opened up

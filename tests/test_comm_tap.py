@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from instrument.comm import BucketTimer
-from instrument.timing import Switch
+from instrument.probe import Probe, Switch
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def _train(ddp: DDP, timer: BucketTimer, steps: int) -> list[Any]:
 
 
 def _timer(ddp: DDP, events: list[tuple[Any, ...]]) -> BucketTimer:
-    return BucketTimer(ddp, events.append, __import__("time").perf_counter_ns, Switch(), pytest.fail)
+    return BucketTimer(ddp, Probe(events.append, __import__("time").perf_counter_ns, "comm", Switch(), pytest.fail))
 
 
 def test_every_bucket_is_timed_named_and_given_back(one_rank: None) -> None:

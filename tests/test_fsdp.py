@@ -134,7 +134,7 @@ def test_the_timed_comms_wrap_fsdps_own_and_give_them_back(one_rank: None) -> No
     import torch.distributed as dist
 
     from instrument.fsdp import ShardTimer, TimedAllGather, TimedAllReduce, TimedReduceScatter
-    from instrument.timing import Switch
+    from instrument.probe import Probe, Switch
 
     model = _hsdp_model()
     reduced: list[torch.Tensor] = []
@@ -143,7 +143,8 @@ def test_the_timed_comms_wrap_fsdps_own_and_give_them_back(one_rank: None) -> No
     own = (group._all_gather_comm, group._reduce_scatter_comm)
     events: list[tuple[Any, ...]] = []
     iteration = [0]
-    shards = ShardTimer.of([model], events.append, time.perf_counter_ns, Switch(), pytest.fail, lambda: iteration[0])
+    probe = Probe(events.append, time.perf_counter_ns, "comm", Switch(), pytest.fail)
+    shards = ShardTimer.of([model], probe, lambda: iteration[0])
     assert shards is not None and shards.units == 2 and not shards.skipped  # the root holds no parameters
     gather, scatter, hook = group._all_gather_comm, group._reduce_scatter_comm, group._all_reduce_hook
     assert isinstance(gather, TimedAllGather) and isinstance(scatter, TimedReduceScatter)
@@ -177,7 +178,7 @@ def test_a_failing_sink_disables_timing_never_training(one_rank: None) -> None:
     import torch.distributed as dist
 
     from instrument.fsdp import ShardTimer
-    from instrument.timing import Switch
+    from instrument.probe import Probe, Switch
 
     model = _hsdp_model()
     failures: list[BaseException] = []
@@ -185,7 +186,7 @@ def test_a_failing_sink_disables_timing_never_training(one_rank: None) -> None:
     def broken(event: tuple[Any, ...]) -> None:
         raise RuntimeError("the sink broke")
 
-    ShardTimer.of([model], broken, time.perf_counter_ns, Switch(), failures.append, lambda: 0)
+    ShardTimer.of([model], Probe(broken, time.perf_counter_ns, "comm", Switch(), failures.append), lambda: 0)
     gather = model[0]._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm
     out = torch.zeros(8)
     gather(output_tensor=out, input_tensor=torch.ones(8), group=dist.group.WORLD)  # no exception here

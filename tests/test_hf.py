@@ -16,7 +16,8 @@ from ranks import complete, hellos, report, run_job
 
 from instrument import wire
 from instrument.events import SCRIPT
-from instrument.tracer import NullTracer, Tracer
+from instrument.ranktracer import NullTracer
+from instrument.tracer import Tracer
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")

@@ -17,7 +17,8 @@ from torch import nn
 import instrument
 from instrument import wire
 from instrument.batch import move
-from instrument.tracer import NullTracer, Tracer
+from instrument.ranktracer import NullTracer
+from instrument.tracer import Tracer
 
 BLOCKS = ["stem", "body", "head"]
 LEAVES = ["stem.0", "body.0", "body.1", "head.2"]

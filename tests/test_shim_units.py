@@ -15,8 +15,8 @@ from torch import nn
 import instrument
 from instrument import events, settings
 from instrument.boundary import IterationBoundary
-from instrument.ranktracer import RankTracer
-from instrument.tracer import NullTracer, Tracer
+from instrument.ranktracer import NullTracer, RankTracer
+from instrument.tracer import Tracer
 
 ROOT = Path(__file__).resolve().parent.parent
 

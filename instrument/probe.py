@@ -1,0 +1,80 @@
+"""What every timer of the shim works with, as one object: :class:`Probe` (where events go, how a moment is
+stamped, on which lane, whether the shim is on, what an error does), and the guard every hook of the shim keeps:
+an error switches the shim off with one warning and never reaches the training loop. Stdlib only."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from instrument.events import RawEvent, TaskKind
+
+Stamp = Callable[[], Any]
+"""Returns a timestamp: ``perf_counter_ns()`` on CPU, a recorded CUDA event on a GPU."""
+Fail = Callable[[BaseException], None]
+"""Switches the shim off after an internal error, warning once (``Tracer._fail``)."""
+
+R = TypeVar("R")
+
+
+class Switch:
+    """Whether the shim is timing: one flag shared by every hook (an attribute read, cheaper than a call)."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = True
+
+
+class Probe:
+    """The collaborators a timer needs, travelling together.
+
+    A hook reads them into locals when it is made (an attribute read per call would cost on the hot paths).
+
+    Args:
+        sink: takes each event (the tracer's ``events.append``: atomic, so any thread may call it).
+        stamp: the clock of the events' start and end.
+        lane: the lane the events go on (``main``, ``gpu``, ``comm``...).
+        switch: whether the shim is on.
+        fail: what an internal error does: switch the shim off, warning once.
+    """
+
+    __slots__ = ("fail", "lane", "sink", "stamp", "switch")
+
+    def __init__(self, sink: Callable[[RawEvent], None], stamp: Stamp, lane: str, switch: Switch,
+                 fail: Fail) -> None:
+        self.sink, self.stamp, self.lane, self.switch, self.fail = sink, stamp, lane, switch, fail
+
+    def on_lane(self, lane: str, stamp: Stamp | None = None) -> Probe:
+        """This probe for events on another lane (and clock)."""
+        return Probe(self.sink, self.stamp if stamp is None else stamp, lane, self.switch, self.fail)
+
+    def ended(self, kind: TaskKind, name: str, start: Any, nbytes: int = 0) -> None:
+        """Record a task of ``kind`` on this lane that began at ``start`` and ends now; an error switches the shim
+        off (for callbacks that run where an exception would reach torch: a collective's completion)."""
+        try:
+            self.sink((kind.category, kind.phase, name, self.lane, start, self.stamp(), nbytes))
+        except Exception as exc:  # noqa: BLE001 - never reach the training loop
+            self.fail(exc)
+
+    def guard(self, hook: Callable[..., R]) -> Callable[..., R | None]:
+        """``hook`` as the shim registers it: it does nothing while the shim is off (returns None), and an error
+        in it switches the shim off with one warning instead of reaching training.
+
+        One call more per hook: for the hooks that run once or twice per iteration. The per-unit hooks of
+        instrument/timing.py, a few µs each and run for every layer, keep the same guard written inline.
+        """
+        switch, fail = self.switch, self.fail
+
+        @functools.wraps(hook)
+        def guarded(*args: Any, **kwargs: Any) -> R | None:
+            if not switch.on:
+                return None
+            try:
+                return hook(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - never reach the training loop
+                fail(exc)
+                return None
+
+        return guarded
