@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from instrument.events import RawEvent, TaskKind
 
@@ -16,6 +16,12 @@ Fail = Callable[[BaseException], None]
 """Switches the shim off after an internal error, warning once (``Tracer._fail``)."""
 
 R = TypeVar("R")
+
+
+class Removable(Protocol):
+    """A hook's handle, or anything the shim undoes the same way when it stops."""
+
+    def remove(self) -> object: ...
 
 
 class Switch:

@@ -1,6 +1,6 @@
-"""The tracers a training rank holds (:class:`~instrument.ranktracer.RankTracer`): :class:`Tracer`, which times
-the loader, the copies, the script's own tasks and the units and collectives it wires up (instrument/wiring.py),
-and hands each iteration to the publisher; and :class:`NullTracer`, the same calls timing nothing."""
+"""The timing tracer of a training rank (:class:`~instrument.ranktracer.RankTracer`): :class:`Tracer` times the
+loader, the copies, the script's own tasks and the units and collectives it wires up (instrument/wiring.py), and
+hands each iteration to the publisher where its boundary (instrument/boundary.py) falls."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from instrument import wire
 from instrument.batch import TimedLoader, move
@@ -36,6 +36,16 @@ from instrument.wiring import (
     units_of,
     unwrap,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from instrument.collectives import ScriptCollectives
+    from instrument.comm import BucketTimer
+    from instrument.cuda import CudaTiming
+    from instrument.probe import Removable
+    from instrument.telemetry import TelemetryThread
+    from instrument.timing import TimerSet
 
 CLOSE_TIMEOUT_S: Final = 2.0
 SETTLE_TIMEOUT_S: Final = 10.0
@@ -105,14 +115,16 @@ class Tracer(Closing):
         self._warned = threading.Lock()
         self._closed = False
         self._events: list[RawEvent] = []
-        self._handles: list[Any] = []
-        self._comm: Any = None
-        self._script: Any = None
-        self._telemetry: Any = None
-        self._blocks: Any = None
-        self._layers: Any = None
-        self._optimizers: list[Any] = []
-        self._update_starts: dict[str, Any] = {}
+        self._handles: list[Removable] = []
+        self._comm: BucketTimer | None = None
+        self._script: ScriptCollectives | None = None
+        self._telemetry: TelemetryThread | None = None
+        self._blocks: TimerSet
+        self._layers: TimerSet
+        """The timed units: blocks, or per layer on detailed iterations (set by :meth:`_install`)."""
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._update_starts: dict[str, object] = {}
+        """Optimizer step → when its update began (a stamp: ns, or a CUDA event), while it runs."""
         self._loading: int | None = None
         """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
         self._loader_said: wire.Loader | None = None
@@ -121,7 +133,7 @@ class Tracer(Closing):
 
         self._wait_share = WaitShare()
         """How much of the loader's wait is CPU work on the training thread, sent with the loader's settings."""
-        self._lead: Any = None
+        self._lead: torch.nn.Module | None = None
         """Of several models, the one whose forward opens an iteration: the first one run."""
         try:
             self._install(model, optimizer, heartbeat, telemetry)
@@ -155,7 +167,7 @@ class Tracer(Closing):
                           RuntimeWarning, stacklevel=4)
         self._module = module
         self.device = model_device(module)
-        self._cuda: Any = None
+        self._cuda: CudaTiming | None = None
         if self.device.type == "cuda":
             from instrument.cuda import CudaTiming
 
@@ -224,7 +236,7 @@ class Tracer(Closing):
         self._loader_said = describe_loader(iterable) or self._loader_said
         return TimedLoader(self, iterable)
 
-    def to_device(self, batch: Any, device: Any) -> Any:
+    def to_device(self, batch: Any, device: torch.device | str) -> Any:
         """Copy a batch to ``device`` timing it: ("pcie", "h2d", "to_device", "main" on CPU / "copy" on CUDA)."""
         if not self._on:
             return move(batch, device)[0]
@@ -313,7 +325,7 @@ class Tracer(Closing):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for units in (self._blocks, self._layers):
+        for units in (getattr(self, "_blocks", None), getattr(self, "_layers", None)):  # None: _install failed
             if units is not None:
                 units.remove()
 
@@ -377,7 +389,7 @@ class Tracer(Closing):
         # Backward is over: units whose backward ends at their last gradient accumulation are done.
         (self._layers if self._detailed_now else self._blocks).flush()
 
-    def _on_top_forward(self, module: Any, args: Any) -> None:
+    def _on_top_forward(self, module: torch.nn.Module, args: object) -> None:
         """A forward of the whole model: past a backward with no step to end it, it may begin the next iteration."""
         if not self._on or self._boundary.in_step or self._compiling() or not self._grad_enabled():
             return
@@ -394,7 +406,7 @@ class Tracer(Closing):
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def _after_top_forward(self, module: Any, args: Any, output: Any) -> None:
+    def _after_top_forward(self, module: torch.nn.Module, args: object, output: object) -> None:
         if not self._on or self._compiling() or not self._grad_enabled():
             return
         try:
