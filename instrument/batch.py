@@ -1,5 +1,5 @@
-"""Batches: the tensors of a batch mapped or moved (and their bytes counted), and the loader wrapper that times
-the training loop's wait for each one."""
+"""What the training thread does between the model's hooks: batches mapped or moved to a device (their bytes
+counted), the loader's wait for each one timed, and the script's own tasks timed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from instrument.events import LOAD
+from instrument import wire
+from instrument.events import CATEGORIES, LOAD, custom
 
 if TYPE_CHECKING:
     import torch
@@ -73,3 +74,21 @@ class TimedLoader:
                 tracer._main_task((category, phase, "next", "main", start, end, 0))
                 share.add(cpu() - used, end - start)
             yield item
+
+
+class TimedTask:
+    """A task of the script's own (``tracer.task``): times a ``with`` block on the training thread."""
+
+    __slots__ = ("_kind", "_name", "_start", "_tracer")
+
+    def __init__(self, tracer: Tracer, name: str, category: str) -> None:
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown category {category!r}; one of {', '.join(CATEGORIES)}")
+        self._tracer, self._name, self._kind, self._start = tracer, name[: wire.MAX_NAME_CHARS], custom(category), 0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter_ns()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tracer._on:
+            self._tracer._main_task(self._kind.event(self._name, "main", self._start, time.perf_counter_ns()))

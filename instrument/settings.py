@@ -15,7 +15,7 @@ from typing import Final
 from instrument.wire import DEFAULT_ENDPOINT
 
 DISABLE: Final = "DAGTOP_DISABLE"
-"""On: ``attach()`` returns a :class:`~instrument.tracer.NullTracer` and integrations touch nothing."""
+"""On: ``attach()`` returns a :class:`~instrument.ranktracer.NullTracer` and integrations touch nothing."""
 ENDPOINT: Final = "DAGTOP_ENDPOINT"
 """Where the monitor listens, when ``attach()`` is given no endpoint."""
 HEARTBEAT: Final = "DAGTOP_HEARTBEAT"

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from instrument import wire
-from instrument.batch import TimedLoader, move
+from instrument.batch import TimedLoader, TimedTask, move
 from instrument.boundary import IterationBoundary
-from instrument.events import CATEGORIES, COPY, UPDATE, RawEvent, custom
+from instrument.events import COPY, UPDATE, RawEvent
 from instrument.identity import job_identity
 from instrument.probe import Probe, Switch
 from instrument.ranktracer import Closing, Granularity
@@ -71,24 +71,6 @@ def _watch_forks() -> None:
 def open_tracer() -> Tracer | None:
     """The tracer of this process that is still timing, if any."""
     return next((t for t in list(_live_tracers) if not t._closed and t._on), None)
-
-
-class _Task:
-    """A custom task: times a ``with`` block on the training thread."""
-
-    __slots__ = ("_kind", "_name", "_start", "_tracer")
-
-    def __init__(self, tracer: Tracer, name: str, category: str) -> None:
-        if category not in CATEGORIES:
-            raise ValueError(f"unknown category {category!r}; one of {', '.join(CATEGORIES)}")
-        self._tracer, self._name, self._kind, self._start = tracer, name[: wire.MAX_NAME_CHARS], custom(category), 0
-
-    def __enter__(self) -> None:
-        self._start = time.perf_counter_ns()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._tracer._on:
-            self._tracer._main_task(self._kind.event(self._name, "main", self._start, time.perf_counter_ns()))
 
 
 class Tracer(Closing):
@@ -258,7 +240,7 @@ class Tracer(Closing):
 
     def task(self, name: str, category: str = "other") -> contextlib.AbstractContextManager[None]:
         """Time a ``with`` block as (category, "custom", name, "main")."""
-        return _Task(self, name, category) if self._on else contextlib.nullcontext()
+        return TimedTask(self, name, category) if self._on else contextlib.nullcontext()
 
     def record(self, category: str, phase: str, name: str, start_ns: int, end_ns: int, nbytes: int = 0,
                lane: str = "main") -> None:

@@ -14,7 +14,7 @@ def compiled(module: nn.Module) -> bool:
 
     A hook inside a compiled region splits the graph (Dynamo cannot trace a timestamp), so units stop at
     a compiled module, timed from outside: hooks on the eager wrapper of ``torch.compile(m)``, a wrapper
-    around the compiled call of ``m.compile()`` (instrument/timing.py), never inside.
+    around the compiled call of ``m.compile()`` (instrument/compiled.py), never inside.
     """
     return type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
 

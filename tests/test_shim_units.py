@@ -250,3 +250,11 @@ def test_tracer_device_works_under_dagtop_disable_in_a_fresh_process() -> None:
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120,
                          check=True)
     assert run.stdout.split() == ["NullTracer", "cpu", "block", "tcp://127.0.0.1:9"]
+
+
+def test_the_boundary_probe_and_settings_load_without_torch() -> None:
+    script = ("import sys, instrument.boundary, instrument.probe, instrument.settings, instrument.events\n"
+              "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'zmq', 'numpy'}))\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.stdout.strip() == "[]"
