@@ -4,7 +4,8 @@ stored field by field. Stdlib only: a training rank imports it.
 The vocabulary is declared here once: the categories, phases and lanes; the kinds of task the shim times
 (:class:`TaskKind`: ``FORWARD``, ``LOAD``, ...), with which every event is built; and the kinds of collective
 (:class:`CollectiveKind`), whose names (``all-gather layers.0``) the shim writes with :func:`collective_name` and the
-monitor reads with :func:`collective_kind`. A new kind of task or collective is one line here.
+monitor reads with :func:`collective_kind`; and what a heartbeat's open task is (:class:`TaskState`), sent beside
+its name so that the monitor parses none. A new kind of task or collective is one line here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ SCRIPT: Final = " (script)"
 """Ends the name of a collective the training script called itself, by op (``all_reduce (script)``,
 ``barrier (script) #2``: the second of one name in an iteration; instrument/collectives.py). The monitor matches
 these across ranks as collectives that hold the calling rank's training thread."""
+
+
+class TaskState(enum.IntEnum):
+    """Where a rank is, as its heartbeat says beside the task's name (``state``), so that the monitor reads no
+    grammar from the name. The value is what travels; 0 is what an older rank's heartbeat decodes to."""
+
+    UNKNOWN = 0
+    """Not said: a rank from before the field, or one with nothing to say yet."""
+    OPEN = 1
+    """A task is open (``forward layers.3``, ``loader next``, ``optimizer.step``): the rank is working in it."""
+    COLLECTIVE = 2
+    """A collective is open (``all-reduce bucket 7``, ``barrier (script)``): the rank waits in it for the others."""
+    BETWEEN = 3
+    """No task is open: ``after X`` (X ended last) or ``between iterations``."""
 
 
 class CollectiveKind(enum.Enum):
@@ -65,12 +80,6 @@ def collective_kind(name: str) -> CollectiveKind | None:
     (<CollectiveKind.REDUCE_SCATTER: 'reduce-scatter'>, None)
     """
     return _COLLECTIVE_BY_WORD.get(name.split(" ", 1)[0])
-
-
-def is_collective_task(task: str) -> bool:
-    """Whether a task (a heartbeat's open task, an event's name) is a collective: a rank in one waits for the
-    others."""
-    return collective_kind(task) is not None or SCRIPT in task
 
 
 class Event(NamedTuple):

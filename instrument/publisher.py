@@ -99,8 +99,9 @@ class Publisher:
         hello: builds the rank's hello (called on the publisher thread, with the next seq).
         on_error: called once, on the publisher thread, if the thread itself fails.
         resolver: resolves CUDA events; None on CPU.
-        where: the rank's iteration under way, its open task and since when (``perf_counter_ns``); called on the
-            publisher thread about every second for a heartbeat. None: no heartbeats.
+        where: the rank's iteration under way, its open task, since when (``perf_counter_ns``) and what it is (an
+            ``instrument.events.TaskState``); called on the publisher thread about every second for a heartbeat.
+            None: no heartbeats.
     """
 
     def __init__(
@@ -110,7 +111,7 @@ class Publisher:
         hello: Callable[[int], wire.Hello],
         on_error: Callable[[BaseException], None],
         resolver: GpuResolver | None = None,
-        where: Callable[[], tuple[int, str, int]] | None = None,
+        where: Callable[[], tuple[int, str, int, int]] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.rank = rank
@@ -252,10 +253,10 @@ class Publisher:
 
     def _send_heartbeat(self, sock: zmq.Socket[bytes]) -> None:
         assert self._where is not None
-        iteration, task, since_ns = self._where()
+        iteration, task, since_ns, state = self._where()
         open_ms = max(0, (time.perf_counter_ns() - since_ns) // 1_000_000)
         self._send(sock, wire.encode(wire.Heartbeat(self.seq, self.rank, iteration, task[: wire.MAX_NAME_CHARS],
-                                                    open_ms, time.perf_counter_ns(), self.sender)))
+                                                    open_ms, time.perf_counter_ns(), self.sender, state)))
 
     def _refused(self, events: zmq.Socket[bytes]) -> None:
         """Warn once if the monitor refused this rank's handshake; training is not affected either way."""

@@ -341,6 +341,11 @@ class Heartbeat:
                                                               "the monitor judges a stall on the rank's clock, not "
                                                               "on when frames arrive; 0 from older ranks"))
     sender: int = field(default=0, metadata=SENDER)
+    state: int = field(default=0, metadata=wire(AddedInt(hi=255), "what `task` is (`TaskState` in "
+                                                 "instrument/events.py): 1 a task open, 2 a collective open (the "
+                                                 "rank waits in it for the others), 3 none open (`after X`, "
+                                                 "`between iterations`); 0 not said (older ranks, before the first "
+                                                 "task); a monitor takes a value it does not know for 0", key="st"))
 
 
 Frame = Hello | IterationBatch | Buckets | Bye | Telemetry | Heartbeat

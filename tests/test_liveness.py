@@ -15,13 +15,15 @@ from test_ui_helpers import fake_telemetry, wait_loaded
 from dagtop.io.recording import RecordingWriter
 from dagtop.io.sources import RecordingSource
 from dagtop.model.frames import RawFrame
-from dagtop.model.liveness import Liveness, LivenessView, Restart, pid_alive, ranks_text
+from dagtop.model.liveness import Holder, Liveness, LivenessView, OpenTask, Restart, pid_alive, ranks_text
 from dagtop.model.pipeline import Pipeline
 from dagtop.ui.app import make_app
 from dagtop.ui.widgets.verdict import Verdict
 from instrument import wire
+from instrument.events import TaskState
 
 S = 1_000_000_000
+OPEN, IN_COLLECTIVE, BETWEEN = TaskState.OPEN, TaskState.COLLECTIVE, TaskState.BETWEEN
 
 
 def _hello(rank: int, pid: int, seq: int = 0, host: str = "elsewhere") -> wire.Hello:
@@ -46,9 +48,9 @@ def _run(live: Liveness, until_s: float, stop_rank_1_at_s: float | None = None) 
             it += 1
         if abs(t - round(t)) < 0.05:  # about every second
             task = "all-reduce bucket 0" if stopped else "forward layers.0"
-            live.take(wire.Heartbeat(seq + 1, 0, it, task, 5), int(t * S))
+            live.take(wire.Heartbeat(seq + 1, 0, it, task, 5, state=IN_COLLECTIVE if stopped else OPEN), int(t * S))
             if not stopped:
-                live.take(wire.Heartbeat(seq + 1, 1, it, "backward layers.3", 5), int(t * S))
+                live.take(wire.Heartbeat(seq + 1, 1, it, "backward layers.3", 5, state=OPEN), int(t * S))
         seq += 2
         t += 0.1
 
@@ -70,7 +72,7 @@ def test_a_silent_rank_during_a_stall_holds_the_job_and_the_others_wait() -> Non
     assert stall.waiting == (("all-reduce bucket 0", (0,)),)
     assert stall.iteration == 50  # where rank 0 waits
     # It comes back and the job goes on: the stall is over, its record kept, resumed.
-    live.take(wire.Heartbeat(999, 1, stall.iteration, "backward layers.3", 5), 21 * S)
+    live.take(wire.Heartbeat(999, 1, stall.iteration, "backward layers.3", 5, state=OPEN), 21 * S)
     live.take(_iter(0, 500, 1000), 21 * S)
     live.take(_iter(1, 500, 1000), 21 * S)
     assert live.assess(21 * S).line() == ""
@@ -89,8 +91,8 @@ def test_a_rank_heard_outside_any_collective_holds_the_job() -> None:
     live = Liveness()
     _run(live, until_s=5.0)
     for t in range(5, 45):
-        live.take(wire.Heartbeat(2000 + t, 0, 50, "all-reduce bucket 0", (t - 5) * 1000), t * S)
-        live.take(wire.Heartbeat(3000 + t, 1, 50, "loader next", (t - 5) * 1000 + 300), t * S)
+        live.take(wire.Heartbeat(2000 + t, 0, 50, "all-reduce bucket 0", (t - 5) * 1000, state=IN_COLLECTIVE), t * S)
+        live.take(wire.Heartbeat(3000 + t, 1, 50, "loader next", (t - 5) * 1000 + 300, state=OPEN), t * S)
     view = live.assess(44 * S + S // 2)
     assert view.silent == () and view.stalled_s > 30
     assert view.line() == "rank 1 holds the job: in loader next for 40 s · rank 0 waiting in all-reduce bucket 0"
@@ -123,8 +125,8 @@ def test_a_silent_holder_heard_again_before_its_iteration_keeps_its_silence_in_t
     live = Liveness()
     _run(live, until_s=15.0, stop_rank_1_at_s=3.0)
     live.assess(15 * S)
-    live.take(wire.Heartbeat(10_000, 1, 30, "backward layers.3", 13_000), 16 * S)
-    live.take(wire.Heartbeat(10_001, 0, 30, "all-reduce bucket 0", 13_000), 16 * S)
+    live.take(wire.Heartbeat(10_000, 1, 30, "backward layers.3", 13_000, state=OPEN), 16 * S)
+    live.take(wire.Heartbeat(10_001, 0, 30, "all-reduce bucket 0", 13_000, state=IN_COLLECTIVE), 16 * S)
     assert live.assess(16 * S + S // 2).stalled_s  # still stalled: no iteration done since
     [stall] = live.stalls
     [holder] = stall.holders
@@ -164,7 +166,7 @@ def test_a_rank_silent_before_its_first_heartbeat_is_placed_after_its_last_task(
         live.take(_iter(0, it, it), it * S // 10)
         live.take(_iter(1, it, it), it * S // 10)
     for t in range(2, 13):  # rank 1 sends no heartbeat (an older shim): only its frames said where it was
-        live.take(wire.Heartbeat(100 + t, 0, 12, "all-reduce bucket 0", t * 1000), t * S)
+        live.take(wire.Heartbeat(100 + t, 0, 12, "all-reduce bucket 0", t * 1000, state=IN_COLLECTIVE), t * S)
     view = live.assess(12 * S)
     assert [(h.rank, h.task) for h in view.holders] == [(1, "after f")]
     assert view.line().startswith("rank 1 holds the job: silent 1")
@@ -191,7 +193,7 @@ def test_a_slow_job_is_not_a_stall_until_several_iterations_long() -> None:
     live.take(_hello(0, 100), 0)
     for it in range(5):  # 10 s iterations, heartbeats in between
         for s in range(10):
-            live.take(wire.Heartbeat(it * 10 + s, 0, it, "forward layers.0", s * 1000), (it * 10 + s) * S)
+            live.take(wire.Heartbeat(it * 10 + s, 0, it, "forward layers.0", s * 1000, state=OPEN), (it * 10 + s) * S)
         live.take(_iter(0, it, it * 10 + 9), (it * 10 + 10) * S)
     assert live.assess(58 * S).stalled_s == 0  # 8 s without an iteration: less than 5 medians of 10 s
 
@@ -260,7 +262,7 @@ def test_the_pipeline_replays_a_stall_from_frames_alone() -> None:
     live.take = lambda frame, ns: frames.append(RawFrame(ns, wire.encode(frame)))  # type: ignore[method-assign]
     _run(live, until_s=15.0, stop_rank_1_at_s=3.0)
     live.take = original  # type: ignore[method-assign]
-    frames.append(RawFrame(16 * S, wire.encode(wire.Heartbeat(10_000, 1, 30, "backward layers.3", 5))))
+    frames.append(RawFrame(16 * S, wire.encode(wire.Heartbeat(10_000, 1, 30, "backward layers.3", 5, state=OPEN))))
     pipeline = Pipeline(window=None)
     pipeline.feed(frames)
     [stall] = pipeline.liveness.stalls
@@ -279,9 +281,9 @@ def test_many_ranks_are_said_in_groups_and_judged_quickly() -> None:
     for t in range(2, 10):  # all but ranks 8-15 (one host) keep saying they wait in the same all-reduce
         for rank in range(ranks):
             if not 8 <= rank < 16:
-                live.take(wire.Heartbeat(t, rank, 1, "all-reduce bucket 7", t * 1000), t * S)
+                live.take(wire.Heartbeat(t, rank, 1, "all-reduce bucket 7", t * 1000, state=IN_COLLECTIVE), t * S)
             elif t == 2:
-                live.take(wire.Heartbeat(t, rank, 1, "backward layers.3", 10), t * S)
+                live.take(wire.Heartbeat(t, rank, 1, "backward layers.3", 10, state=OPEN), t * S)
     started = time.process_time()
     view = live.assess(10 * S)
     spent = time.process_time() - started
@@ -344,7 +346,47 @@ def test_the_screen_names_the_silent_rank_and_where_the_other_waits(tmp_path: Pa
 
 
 def test_ranks_with_no_task_open_are_said_to_be_after_their_last() -> None:
-    view = LivenessView(stalled_s=40.0, waiting=(("after optimizer.step", (0, 1)), ("between iterations", (2,)),
-                                                 ("loader next", (3,))))
+    view = LivenessView(stalled_s=40.0, waiting=((OpenTask("after optimizer.step", BETWEEN), (0, 1)),
+                                                 (OpenTask("between iterations", BETWEEN), (2,)),
+                                                 (OpenTask("loader next", OPEN), (3,))))
     assert view.line() == ("no iteration for 40 s · ranks 0-1 after optimizer.step · rank 2 between iterations · "
                            "rank 3 waiting in loader next")
+
+
+def test_a_heartbeat_is_judged_by_its_state_not_by_its_task_name() -> None:
+    """The task's name is shown as sent; whether a rank waits in a collective, works in a task or has none open is
+    the heartbeat's state. Names that read like a collective or like ``after X`` decide nothing."""
+    live = Liveness()
+    _run(live, until_s=5.0)
+    for t in range(5, 45):
+        open_ms = (t - 5) * 1000 + 300
+        live.take(wire.Heartbeat(2000 + t, 0, 50, "custom exchange", open_ms, state=IN_COLLECTIVE), t * S)
+        live.take(wire.Heartbeat(3000 + t, 1, 50, "after the loss", open_ms, state=OPEN), t * S)
+        live.take(wire.Heartbeat(4000 + t, 2, 50, "all-reduce bucket 3", open_ms, state=BETWEEN), t * S)
+    view = live.assess(44 * S + S // 2)  # 39.3 s open at the last beat, 0.5 s before
+    assert [(h.rank, h.task) for h in view.holders] == [(1, "after the loss"), (2, "all-reduce bucket 3")]
+    assert view.line() == ("rank 1 holds the job: in after the loss for 40 s · "
+                           "rank 2 holds the job: all-reduce bucket 3 for 40 s · rank 0 waiting in custom exchange")
+
+
+def test_a_heartbeat_without_a_state_is_no_collective_and_is_said_as_sent() -> None:
+    """An older rank's heartbeat (no ``state``), or a value this monitor does not know: nothing is read from the name,
+    so no rank is taken to wait in a collective, and the task is said as it came."""
+    live = Liveness()
+    _run(live, until_s=5.0)
+    for t in range(5, 45):
+        live.take(wire.Heartbeat(2000 + t, 0, 50, "all-reduce bucket 0", (t - 5) * 1000), t * S)
+        live.take(wire.Heartbeat(3000 + t, 1, 50, "loader next", (t - 5) * 1000, state=200), t * S)
+    view = live.assess(44 * S + S // 2)
+    assert view.stalled_s > 30 and view.holders == ()
+    assert view.line() == "no iteration for 40 s · rank 0 all-reduce bucket 0 · rank 1 loader next"
+    assert Holder(1, "forward layers.3", 4.0).describe() == "forward layers.3 for 4 s"
+    assert Holder(1, OpenTask("forward layers.3", OPEN), 4.0).describe() == "in forward layers.3 for 4 s"
+
+
+def test_the_state_travels_and_an_older_frame_decodes_as_unknown() -> None:
+    beat = wire.Heartbeat(1, 0, 3, "all-reduce bucket 0", 5, 7, 9, state=IN_COLLECTIVE)
+    assert wire.decode(wire.encode(beat)) == beat
+    older = wire.encode(wire.Heartbeat(1, 0, 3, "after optimizer.step", 5, 7, 9))
+    assert wire.decode(older).state == TaskState.UNKNOWN  # type: ignore[union-attr]
+    assert b"\xa2st" not in older and b"\xa2st" in wire.encode(beat)  # left out when not said: an older rank's bytes

@@ -18,6 +18,7 @@ from helpers.waits import WAIT_S
 import instrument
 from instrument import publisher as publisher_module
 from instrument import wire
+from instrument.events import TaskState
 from instrument.publisher import Publisher
 
 
@@ -82,7 +83,7 @@ def test_heartbeats_say_where_the_rank_is_while_nothing_else_is_handed_over(coll
     monkeypatch.setattr(publisher_module, "HEARTBEAT_EVERY_S", 0.2)
     opened = time.perf_counter_ns() - 3_000_000_000  # open for 3 s already
     publisher = Publisher(endpoint, 0, _hello, on_error=lambda exc: None,
-                          where=lambda: (7, "all-reduce bucket 2", opened))
+                          where=lambda: (7, "all-reduce bucket 2", opened, TaskState.COLLECTIVE))
     try:
         collector.joined()
         collector.wait_for(lambda frames: sum(isinstance(f, wire.Heartbeat) for f in frames) >= 3,
@@ -90,7 +91,8 @@ def test_heartbeats_say_where_the_rank_is_while_nothing_else_is_handed_over(coll
     finally:
         publisher.close()
     beats = [f for f in collector.decoded() if isinstance(f, wire.Heartbeat)]
-    assert {(b.rank, b.iteration, b.task) for b in beats} == {(0, 7, "all-reduce bucket 2")}
+    assert {(b.rank, b.iteration, b.task, b.state) for b in beats} == {(0, 7, "all-reduce bucket 2",
+                                                                         TaskState.COLLECTIVE)}
     assert all(b.open_ms >= 3000 for b in beats)
     assert beats[-1].open_ms > beats[0].open_ms  # the clock runs: how long it has been open, not a constant
     collector.until_bye()
@@ -144,7 +146,7 @@ def test_a_rank_stuck_in_its_loader_or_a_forward_says_so_in_its_heartbeats(
 
     def heard(task: str, iteration: int) -> Callable[[list[wire.Frame]], bool]:
         return lambda frames: any(isinstance(f, wire.Heartbeat) and f.task == task and f.iteration == iteration
-                                  for f in frames)
+                                  and f.state == TaskState.OPEN for f in frames)
 
     def train() -> None:
         for i, x in enumerate(tracer.loader(batches())):

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ from torch import nn
 import instrument
 from instrument import events, settings
 from instrument.boundary import IterationBoundary
+from instrument.events import TaskState
 from instrument.ranktracer import NullTracer, RankTracer
 from instrument.tracer import Tracer
+from instrument.whereabouts import Whereabouts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,10 +181,8 @@ def test_collective_names_are_read_back_as_their_kind() -> None:
     for kind in events.CollectiveKind:
         name = events.collective_name(kind, "layers.0 (backward)")
         assert events.collective_kind(name) is kind
-        assert events.is_collective_task(name)
     assert events.collective_kind("bucket 3") is None  # DDP's bucket events: matched by name, gate the update
     assert events.collective_kind("backward all-gather") is None
-    assert events.is_collective_task("barrier (script) #2")
 
 
 def test_task_kinds_are_checked_when_declared() -> None:
@@ -258,3 +259,31 @@ def test_the_boundary_probe_and_settings_load_without_torch() -> None:
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.stdout.strip() == "[]"
+
+
+def _rank_at(**state: object) -> SimpleNamespace:
+    """The parts of a tracer the heartbeat's whereabouts read, all quiet unless given."""
+    units = SimpleNamespace(units=[])
+    quiet = dict(_script=None, _comm=None, _loading=None, _update_starts={}, _detailed_now=False, _layers=units,
+                 _blocks=units, _events=[], iteration=0)
+    return SimpleNamespace(**{**quiet, **state})
+
+
+def test_the_heartbeat_says_what_its_task_is_beside_its_name() -> None:
+    """The state is set where the task is found: the monitor reads it and never the name's grammar."""
+    def where(**state: object) -> tuple[str, TaskState]:
+        _, task, _, said = Whereabouts(_rank_at(**state))()  # type: ignore[arg-type]
+        return task, said
+
+    unit = SimpleNamespace(name="layers.3", fwd_start=None, bwd_start=5, last_grad=None)
+    assert where() == ("", TaskState.UNKNOWN)  # before the first task
+    assert where(_script=SimpleNamespace(in_flight=lambda: ("barrier (script)", 5))) == ("barrier (script)",
+                                                                                      TaskState.COLLECTIVE)
+    assert where(_comm=SimpleNamespace(in_flight=lambda: ("bucket 7", 5))) == ("all-reduce bucket 7", TaskState.COLLECTIVE)
+    assert where(_loading=5) == ("loader next", TaskState.OPEN)
+    assert where(_update_starts={"optimizer.step": 5}) == ("optimizer.step", TaskState.OPEN)
+    assert where(_blocks=SimpleNamespace(units=[unit])) == ("backward layers.3", TaskState.OPEN)
+    assert where(_events=[("compute", "update", "optimizer.step", "main", 1, 5, 0)]) == ("after optimizer.step",
+                                                                                          TaskState.BETWEEN)
+    assert where(iteration=3) == ("between iterations", TaskState.BETWEEN)
+    assert where(_comm=SimpleNamespace(in_flight=lambda: 1 / 0)) == ("", TaskState.UNKNOWN)  # a look that failed

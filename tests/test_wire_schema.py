@@ -50,7 +50,7 @@ def test_every_documented_key_is_one_the_codec_writes() -> None:
         wire.Bye(0, 0, 0, 0, 1, 7),
         wire.Telemetry(0, 0, "h", 0, 0, wire.HostStats(None, None, None, None),
                        wire.GpuStats(0, "g", None, None, None, None, None, None), sender=7),
-        wire.Heartbeat(0, 0, 0, "", 0, 1, 7),
+        wire.Heartbeat(0, 0, 0, "", 0, 1, 7, 1),
     ]
     docs = markdown()
     for frame in frames:

@@ -15,10 +15,11 @@ from dagtop.exits import Exit
 from dagtop.io.folded import load
 from dagtop.io.recording import RecordingError, read_notes
 from dagtop.model.advice_text import advice_of, terms_of
-from dagtop.model.liveness import Holder, Stall, ranks_text, where
+from dagtop.model.liveness import Holder, OpenTask, Stall, ranks_text, state_of, where
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import IterationAnalysis
 from dagtop.model.summary import collectives, summarize
+from instrument.events import TaskState
 
 COLLECTIVES_SHOWN = 5
 """The text report names this many collectives, those holding the most of the critical path."""
@@ -127,9 +128,19 @@ def run_report(args: argparse.Namespace) -> int:
 def stall_json(x: Stall) -> dict[str, Any]:
     """One stall as docs/report.md describes ``stalls``."""
     return {"iteration": x.iteration, "confirmed": x.confirmed, "duration_s": x.stalled_s, "resumed": x.resumed,
-            "holders": [{"rank": h.rank, "task": h.task, "open_s": round(h.open_s, 1), "silent_s": round(h.silent_s, 1)}
-                        for h in x.holders],
-            "waiting": [{"task": t, "ranks": list(r)} for t, r in x.waiting]}
+            "holders": [{"rank": h.rank, "task": str(h.task), "state": _state_name(h.task), "open_s": round(h.open_s, 1),
+                         "silent_s": round(h.silent_s, 1)} for h in x.holders],
+            "waiting": [{"task": str(t), "state": _state_name(t), "ranks": list(r)} for t, r in x.waiting]}
+
+
+def _state_name(task: str) -> str:
+    """A task's :class:`TaskState` in a report: ``open``, ``collective``, ``between``, ``unknown``."""
+    return state_of(task).name.lower()
+
+
+def _task(said: dict[str, Any]) -> OpenTask:
+    """A holder's or waiting group's task read back from a report (``unknown`` from a report without states)."""
+    return OpenTask(said["task"], TaskState[said.get("state", "unknown").upper()])
 
 
 def write_text(s: dict[str, Any], out: TextIO) -> None:
@@ -205,9 +216,9 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
             if x.get("lower_bound"):
                 w(f"  {'':<22} {'':>8}        at least: {x['lower_bound']}\n")
     for x in s.get("stalls", ()):
-        held = [Holder(h["rank"], h["task"], h["open_s"], h["silent_s"]) for h in x["holders"]]
+        held = [Holder(h["rank"], _task(h), h["open_s"], h["silent_s"]) for h in x["holders"]]
         said = [f"rank {h.rank} held the job ({h.describe()})" for h in held] or ["no holder known"]
-        said += [f"{ranks_text(w['ranks'])} {where(w['task'])}" for w in x["waiting"]]
+        said += [f"{ranks_text(w['ranks'])} {where(_task(w))}" for w in x["waiting"]]
         w(f"stall            iteration {x['iteration']}{'' if x['confirmed'] else ' (or near it)'}: no iteration for "
           f"{x['duration_s']:.1f} s{'' if x['resumed'] else ', never resumed'} · " + " · ".join(said) + "\n")
     for x in s.get("runs", ())[1:]:

@@ -15,7 +15,9 @@ whether the job itself stopped. Silence of every rank at once is said as such, n
 * **unheard**: every rank silent: the job, or the way to it, is down (not a stall: nothing says the job stopped);
 * **holder**: while stalled, a rank that keeps the others waiting: one silent, or one heard from outside any
   collective while others wait in one (``rank 1 holds the job: in loader next for 38 s · rank 0 waiting in
-  all-reduce bucket 0``). A collective waits for every rank: the ranks not in it are the ones it waits for;
+  all-reduce bucket 0``). A collective waits for every rank: the ranks not in it are the ones it waits for. Which
+  rank is in a collective, in a task or in none, is its heartbeat's ``state`` (:class:`OpenTask`), never read from
+  the task's name: an older rank's heartbeat says none, so it is never taken to wait in one;
 * **gone**: the rank said bye, or its process no longer exists (looked up only when its host is this one);
 * **restarted**: a known rank says hello from a new pid, or its iterations go back.
 
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from instrument import wire
-from instrument.events import EventColumns, is_collective_task
+from instrument.events import EventColumns, TaskState
 
 SILENT_AFTER_S: Final = 3.0
 """Three missed heartbeats."""
@@ -55,8 +57,39 @@ ASSESS_EVERY_NS: Final = 500_000_000
 but its frames' times): O(ranks) each time, 23 ms at 16 384 ranks."""
 
 
+class OpenTask(str):
+    """A rank's task as its heartbeat named it (``all-reduce bucket 7``, ``after optimizer.step``), carrying what it
+    is (:class:`TaskState`, the heartbeat's ``state``): it compares, hashes and prints as the name, and the monitor
+    reads the state, never the name's grammar. A plain ``str`` task is :attr:`TaskState.UNKNOWN`."""
+
+    state: TaskState
+
+    def __new__(cls, name: str, state: TaskState = TaskState.UNKNOWN) -> OpenTask:  # noqa: PYI034 - typing.Self is 3.11+
+        task = super().__new__(cls, name)
+        task.state = state
+        return task
+
+
+def state_of(task: str) -> TaskState:
+    """What a task is: its :class:`OpenTask`'s state; :attr:`TaskState.UNKNOWN` for a plain name."""
+    return task.state if isinstance(task, OpenTask) else TaskState.UNKNOWN
+
+
+def heard_state(value: int) -> TaskState:
+    """A heartbeat's ``state``; one this monitor does not know (a newer rank's) is unknown."""
+    try:
+        return TaskState(value)
+    except ValueError:
+        return TaskState.UNKNOWN
+
+
+_WORKING: Final = (TaskState.OPEN, TaskState.COLLECTIVE)
+"""The states in which a rank is *in* its task (``in loader next``); in the others its task is said as it is
+(``after optimizer.step``, ``between iterations``, or an older rank's task, whose state it did not say)."""
+
 Waiting = tuple[tuple[str, tuple[int, ...]], ...]
-"""(task, ranks) for each task some ranks have open, by their first rank: ``(("all-reduce bucket 7", (0, 1)),)``."""
+"""(task, ranks) for each task some ranks have open, by their first rank: ``(("all-reduce bucket 7", (0, 1)),)``;
+each task an :class:`OpenTask` when it came from a heartbeat."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +110,9 @@ class Holder:
             return f"silent {self.silent_s:.0f} s" + (f" (last: {self.task})" if self.task else "")
         if not self.task:
             return "heard from, no task known"
-        if self.task.startswith("after ") or self.task == "between iterations":
-            return f"{self.task} for {self.open_s:.0f} s"
-        return f"in {self.task} for {self.open_s:.0f} s"
+        if state_of(self.task) in _WORKING:
+            return f"in {self.task} for {self.open_s:.0f} s"
+        return f"{self.task} for {self.open_s:.0f} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +200,9 @@ def where(task: str) -> str:
     """``waiting in all-reduce bucket 7`` for an open task; ``after optimizer.step`` when none is open."""
     if not task:
         return "heard from, no task known"
-    if task.startswith("after ") or task == "between iterations":
-        return task
-    return f"waiting in {task}"
+    if state_of(task) in _WORKING:
+        return f"waiting in {task}"
+    return task
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -267,7 +300,7 @@ class Liveness:
             r.pid, r.host, r.bye, r.dead = frame.pid, frame.host, False, False
             self._clock(r, frame.mono_ns, received_ns)
         elif isinstance(frame, wire.Heartbeat):
-            r.heartbeats, r.iteration, r.task = True, frame.iteration, frame.task
+            r.heartbeats, r.iteration, r.task = True, frame.iteration, OpenTask(frame.task, heard_state(frame.state))
             r.beat_ns, r.open_ms = received_ns, frame.open_ms
             if frame.mono_ns:
                 r.rank_clock = True
@@ -292,7 +325,8 @@ class Liveness:
             r.iteration = max(r.iteration, frame.iteration + 1)
             if not r.heartbeats:  # no heartbeat to say where it is: after the last task it sent
                 last = _last_task(frame.events)
-                r.task, r.beat_ns, r.open_ms = (f"after {last}" if last else ""), received_ns, 0
+                r.task = OpenTask(f"after {last}", TaskState.BETWEEN) if last else ""
+                r.beat_ns, r.open_ms = received_ns, 0
         elif isinstance(frame, wire.Bye):
             r.bye = True
         elif isinstance(frame, wire.Telemetry):
@@ -370,11 +404,11 @@ class Liveness:
         from outside any collective while another waits in one (a collective cannot finish without every rank)."""
         quiet = {rank for rank, _, _ in silent}
         heard = [(rank, r) for rank, r in sorted(live.items()) if not r.dead and rank not in quiet]
-        in_collective = any(is_collective_task(r.task) for _, r in heard)
+        in_collective = any(state_of(r.task) is TaskState.COLLECTIVE for _, r in heard)
         holders = [Holder(rank, r.task, 0.0, silent_s) for rank, silent_s, r in silent]
         if in_collective:
             holders += [Holder(rank, r.task, (r.open_ms + (now_ns - r.beat_ns) / 1e6) / 1e3)
-                        for rank, r in heard if not is_collective_task(r.task)]
+                        for rank, r in heard if state_of(r.task) is not TaskState.COLLECTIVE]
         held = {h.rank for h in holders}
         holders.sort(key=lambda h: h.rank)
         return holders, _grouped((rank, r.task) for rank, r in heard if rank not in held)
