@@ -404,13 +404,13 @@ def test_attach_warns_once_that_compiled_autograd_leaves_backward_untimed(
         endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._dynamo
 
-    from instrument import timing
+    from instrument import compiled
 
     monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)
-    timing._warn_if_backward_is_compiled.cache_clear()
+    compiled.warn_if_backward_is_compiled.cache_clear()
     model = Blocks()
     with pytest.warns(RuntimeWarning, match="compiled autograd is on") as caught:
         tracer = instrument.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), endpoint=endpoint)
     tracer.close()
-    timing._warn_if_backward_is_compiled.cache_clear()
+    compiled.warn_if_backward_is_compiled.cache_clear()
     assert len(caught) == 1 and caught[0].filename == __file__
