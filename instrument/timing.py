@@ -1,4 +1,5 @@
-"""Forward and backward timing of model units (blocks or layers) with module and autograd-node hooks."""
+"""The unit timer (:class:`UnitTimer`): forward and backward timing of model units (blocks or layers) with module and
+autograd-node hooks; grouped by granularity in instrument/timerset.py."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from instrument.autograd import compiling, consumes, grad_enabled, grad_fns, graph_task_id, needs_grad
+from instrument.autograd import compiling, grad_enabled, grad_fns, graph_task_id, needs_grad
 from instrument.compiled import CompiledCall, warn_if_backward_is_compiled
 from instrument.events import BACKWARD, FORWARD, RawEvent
-from instrument.probe import Fail, Probe, Stamp, Switch
+from instrument.probe import Probe
+from instrument.unit import Boundaries, Unit, consumes_cached, node_prehook
 
 MAX_PENDING_EVENTS = 200_000
 """Forwards with gradients but no optimizer step (a validation loop without no_grad) stop being timed here."""
@@ -19,65 +21,6 @@ MAX_PENDING_EVENTS = 200_000
 
 _RECOMPUTED = object()
 """``Unit.fwd_start`` while backward recomputes the unit's forward (reentrant checkpointing)."""
-
-
-class Unit:
-    """One timed module: its hooks and the state of its current forward/backward."""
-
-    __slots__ = ("bwd_start", "consumes", "fwd_start", "grad_hooks", "inputs", "last_grad", "last_param", "module",
-                 "name", "params", "recompute")
-
-    def __init__(self, name: str, module: nn.Module) -> None:
-        self.name = name
-        self.module = module
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        self.fwd_start: Any = None
-        self.bwd_start: Any = None
-        self.last_grad: Any = None
-        self.last_param: int | None = None
-        """Index in ``params`` of the parameter whose gradient was accumulated last (first backward)."""
-        self.grad_hooks: list[Any] | None = None
-        self.inputs: list[Any] | None = None
-        """The autograd nodes of the current forward's inputs, from the pre hook to the post hook."""
-        self.consumes: dict[type, bool] = {}
-        """Type of the forward's output node -> whether that node is the unit's whole backward (:func:`~instrument.autograd.consumes`)."""
-        self.recompute: list[Any] | None = None
-        """The nodes of the inputs of a forward that built no graph inside a training forward (a reentrant
-        checkpoint runs its function under no_grad), kept until backward runs that forward again."""
-
-
-def _boundary(callbacks: list[Callable[[Any], None]], stamp: Stamp, switch: Switch, fail: Fail
-              ) -> Callable[[Any], None]:
-    """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node."""
-
-    def prehook(grad_outputs: Any) -> None:
-        if compiling() or not switch.on:  # compiled autograd traces the backward's hooks
-            return
-        try:
-            now = stamp()
-            for callback in callbacks:
-                callback(now)
-        except Exception as exc:  # noqa: BLE001
-            fail(exc)
-
-    return prehook
-
-
-Boundaries = dict[int, tuple[Any, list[Callable[[Any], None]]]]
-"""Autograd node id -> (the node, the callbacks of its prehook)."""
-
-
-def _consumes_cached(unit: Unit, node: Any, inputs: list[Any]) -> bool:
-    """:func:`~instrument.autograd.consumes`, worked out once per unit and type of output node (1.6 µs a call, per unit per iteration
-    otherwise): a module's forward builds the same graph shape each time. An identity is still told apart."""
-    for n in inputs:
-        if node is n:
-            return False
-    kind = type(node)
-    known = unit.consumes.get(kind)
-    if known is None:
-        known = unit.consumes[kind] = consumes(node, inputs)
-    return known
 
 
 class UnitTimer:
@@ -186,7 +129,7 @@ class UnitTimer:
                 self._boundaries.clear()
             callbacks: list[Callable[[Any], None]] = []
             boundary = self._boundaries[id(node)] = (node, callbacks)  # holding the node keeps its id unique
-            node.register_prehook(_boundary(callbacks, self._stamp, self._switch, self._fail))
+            node.register_prehook(node_prehook(callbacks, self._stamp, self._switch, self._fail))
         boundary[1].append(callback)
 
     def _hook_backward(self, unit: Unit, outputs: list[Any], inputs: list[Any] | None,
@@ -195,7 +138,7 @@ class UnitTimer:
         """Hook where the unit's backward starts (its outputs' nodes) and ends (see the class docstring)."""
         for node in outputs:
             self._at_gradient_of(node, on_start)
-        if inputs and len(outputs) == 1 and _consumes_cached(unit, outputs[0], inputs):
+        if inputs and len(outputs) == 1 and consumes_cached(unit, outputs[0], inputs):
             outputs[0].register_hook(on_own_end)
         else:
             for node in inputs or ():
@@ -359,44 +302,3 @@ class UnitTimer:
             if i != unit.last_param:
                 handle.remove()
         unit.grad_hooks = [hooks[unit.last_param]]
-
-
-class TimerSet:
-    """The timed units of one granularity and the spans around them (instrument/spans.py), hooked, flushed
-    and removed together: the units' own timer, then one timer per level of spans (they must not nest)."""
-
-    def __init__(self, units: UnitTimer, spans: list[UnitTimer]) -> None:
-        self.timers = [units, *spans]
-
-    @classmethod
-    def of(cls, units: list[tuple[str, nn.Module]], levels: list[list[tuple[str, nn.Module]]],
-           events: list[RawEvent], probe: Probe) -> TimerSet:
-        """The timers of ``units`` and of their span ``levels``, their events appended to ``events`` by
-        ``probe.sink``."""
-        from instrument.spans import SPAN
-
-        shared: Boundaries = {}
-        spans = probe.on_lane(SPAN + probe.lane)
-        return cls(UnitTimer(units, events, probe, shared), [UnitTimer(level, events, spans, shared) for level in levels])
-
-    @property
-    def units(self) -> list[Unit]:
-        return self.timers[0].units
-
-    @property
-    def installed(self) -> bool:
-        return self.timers[0].installed
-
-    def install(self) -> None:
-        for timer in self.timers:
-            timer.install()
-
-    def remove(self) -> None:
-        for timer in self.timers:
-            timer.remove()
-
-    def flush(self) -> None:
-        for timer in self.timers:
-            timer.flush()
-
-

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from instrument.probe import Removable
     from instrument.ranktracer import NullTracer, RankTracer
     from instrument.telemetry import TelemetryThread
-    from instrument.timing import TimerSet
+    from instrument.timerset import TimerSet
 
 CLOSE_TIMEOUT_S: Final = 2.0
 SETTLE_TIMEOUT_S: Final = 10.0
@@ -136,7 +136,7 @@ class Tracer(Closing):
 
         from instrument.autograd import grad_fns
         from instrument.publisher import Publisher
-        from instrument.timing import TimerSet
+        from instrument.timerset import TimerSet
         from instrument.units import block_units, layer_units, model_name
 
         models = list(model) if isinstance(model, (list, tuple)) else [model]
