@@ -14,39 +14,28 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from instrument import wire
 from instrument.batch import TimedLoader, TimedTask, move
 from instrument.boundary import IterationBoundary
-from instrument.events import COPY, UPDATE, RawEvent
+from instrument.events import COPY, RawEvent
 from instrument.identity import job_identity
-from instrument.probe import Probe, Switch
+from instrument.probe import Switch
 from instrument.ranktracer import Closing, Granularity
+from instrument.steps import IterationHooks
 from instrument.whereabouts import Whereabouts
-from instrument.wiring import (
-    as_device,
-    describe_units,
-    is_cuda,
-    model_device,
-    optimizers,
-    spans_of,
-    time_collectives,
-    units_of,
-    unwrap,
-)
+from instrument.wiring import as_device, is_cuda, optimizers, time_collectives, wire_models
 
 if TYPE_CHECKING:
     import torch
 
     from instrument.collectives import ScriptCollectives
     from instrument.comm import BucketTimer
-    from instrument.cuda import CudaTiming
     from instrument.probe import Removable
     from instrument.ranktracer import NullTracer, RankTracer
     from instrument.telemetry import TelemetryThread
-    from instrument.timerset import TimerSet
 
 CLOSE_TIMEOUT_S: Final = 2.0
 SETTLE_TIMEOUT_S: Final = 10.0
@@ -74,7 +63,7 @@ def open_tracer() -> Tracer | None:
     return next((t for t in list(_live_tracers) if not t._closed and t._on), None)
 
 
-class Tracer(Closing):
+class Tracer(IterationHooks, Closing):
     """Times one rank's iterations and hands each one to the publisher when ``optimizer.step()`` returns.
 
     Built by :func:`instrument.attach`; the constructor takes already-resolved settings.
@@ -102,12 +91,8 @@ class Tracer(Closing):
         self._comm: BucketTimer | None = None
         self._script: ScriptCollectives | None = None
         self._telemetry: TelemetryThread | None = None
-        self._blocks: TimerSet
-        self._layers: TimerSet
-        """The timed units: blocks, or per layer on detailed iterations (set by :meth:`_install`)."""
         self._optimizers: list[torch.optim.Optimizer] = []
-        self._update_starts: dict[str, object] = {}
-        """Optimizer step → when its update began (a stamp: ns, or a CUDA event), while it runs."""
+        self._update_starts = {}
         self._loading: int | None = None
         """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
         self._loader_said: wire.Loader | None = None
@@ -116,8 +101,7 @@ class Tracer(Closing):
 
         self._wait_share = WaitShare()
         """How much of the loader's wait is CPU work on the training thread, sent with the loader's settings."""
-        self._lead: torch.nn.Module | None = None
-        """Of several models, the one whose forward opens an iteration: the first one run."""
+        self._lead = None
         try:
             self._install(model, optimizer, heartbeat, telemetry)
         except BaseException:
@@ -136,37 +120,11 @@ class Tracer(Closing):
 
         from instrument.autograd import grad_fns
         from instrument.publisher import Publisher
-        from instrument.timerset import TimerSet
-        from instrument.units import block_units, layer_units, model_name
 
-        models = list(model) if isinstance(model, (list, tuple)) else [model]
-        if not models:
-            raise ValueError("no model given")
-        unwrapped = [unwrap(m) for m in models]
-        ddp, module = unwrapped[0]  # the first model's DDP has its collectives timed
-        if sum(d is not None for d, _ in unwrapped[1:]):
-            warnings.warn("dagtop: several models in DistributedDataParallel: only the first one's gradient buckets "
-                          "are timed (their names would collide); the others' all-reduces count as untimed time",
-                          RuntimeWarning, stacklevel=4)
-        self._module = module
-        self.device = model_device(module)
-        self._cuda: CudaTiming | None = None
-        if self.device.type == "cuda":
-            from instrument.cuda import CudaTiming
-
-            self._cuda = CudaTiming(self.device)
-        # NCCL's futures complete at enqueue, so a CUDA job times its collectives on the stream too.
-        stamp = self._cuda.stamp if self._cuda is not None else time.perf_counter_ns
-        self._stamp = stamp
-        self._lane = "gpu" if self._cuda is not None else "main"
-        probe = Probe(self._events.append, stamp, self._lane, self._switch, self._fail)  # the compute lane's
-        self._guard = probe.guard
-        modules = [m for _, m in unwrapped]
-        # The units, and around them the modules whose own work falls between them (instrument/spans.py).
-        self._blocks = TimerSet.of(units_of(block_units, modules), spans_of(block_units, modules), self._events,
-                                   probe)
-        self._layers = TimerSet.of(units_of(layer_units, modules), spans_of(layer_units, modules), self._events,
-                                   probe)
+        models = wire_models(model, self._events, self._switch, self._fail)
+        self._module, self.device, self._cuda = models.modules[0], models.device, models.cuda
+        self._stamp, self._lane, self._guard = models.stamp, models.lane, models.probe.guard
+        self._blocks, self._layers = models.blocks, models.layers
         self._detailed_now = False
         self._switch_units(self._detailed(0))
         self._optimizers = optimizers(optimizer)
@@ -176,19 +134,15 @@ class Tracer(Closing):
             name = "optimizer.step" if single else f"optimizer[{index}].step"
             self._handles.append(opt.register_step_pre_hook(self._step_started(name)))
             self._handles.append(opt.register_step_post_hook(self._step_ended(name)))
-        # Run on every forward of the whole model: torch's own functions, bound once. Inside a region Dynamo
-        # traces (attach(m), then m.compile()) they return at once, as every hook of the shim does.
+        # Inside a region Dynamo traces (attach(m), then m.compile()) they return at once, as every hook of the shim does.
         self._grad_enabled, self._compiling, self._grad_fns = torch.is_grad_enabled, torch.compiler.is_compiling, grad_fns
-        self._ddp_of = {id(m): d for m, (d, _) in zip(models, unwrapped)}
-        for m in models:
+        self._ddp_of = models.ddp_of
+        for m in models.given:
             # First of the model's hooks: the forward that ends an iteration ends it before a span of the model
             # (instrument/spans.py) hands over what it still holds of the last backward.
             self._handles.append(m.register_forward_pre_hook(self._on_top_forward, prepend=True))
             self._handles.append(m.register_forward_hook(self._after_top_forward))
-        self._units_said = (f"{describe_units([u.name for u in self._blocks.units])}; "
-                            f"{len(self._layers.units)} layers")
-        self._params = sum(p.numel() for m in modules for p in m.parameters())
-        self._model_name = "+".join(model_name(m) for m in modules)
+        self._units_said, self._params, self._model_name = models.units_said, models.params, models.name
         where = Whereabouts(self) if heartbeat else None
         self._publisher = Publisher(self.endpoint, self.rank, self._hello, self._fail, self._cuda, where)
         if telemetry:
@@ -200,7 +154,8 @@ class Tracer(Closing):
             self._telemetry = TelemetryThread(self._publisher.put_telemetry, rank=self.rank,
                                               local_rank=self.local_rank, host=socket.gethostname(),
                                               cuda_index=cuda_index)
-        timed = time_collectives(ddp, modules, self.rank, self.world, probe, lambda: self.iteration)
+        timed = time_collectives(models.ddp, models.modules, self.rank, self.world, models.probe,
+                                 lambda: self.iteration)
         self._comm, self._script = timed.buckets, timed.script
         self._handles.extend(timed.handles)
 
@@ -278,14 +233,6 @@ class Tracer(Closing):
 
     # ------------------------------------------------------------------ internals
 
-    @property
-    def _on(self) -> bool:
-        return self._switch.on
-
-    @_on.setter
-    def _on(self, value: bool) -> None:
-        self._switch.on = value
-
     def _fail(self, exc: BaseException) -> None:
         """Any internal error: stop timing and publishing, warn once, let training go on."""
         if not self._warned.acquire(blocking=False):
@@ -311,126 +258,6 @@ class Tracer(Closing):
         for units in (getattr(self, "_blocks", None), getattr(self, "_layers", None)):  # None: _install failed
             if units is not None:
                 units.remove()
-
-    def _detailed(self, iteration: int) -> bool:
-        return self.granularity == "layer" or (self.sample_every > 0 and iteration % self.sample_every == 0)
-
-    def _switch_units(self, detailed: bool) -> None:
-        """Per-layer hooks on detailed iterations, block hooks otherwise: never both (they would overlap)."""
-        if detailed and not self._layers.installed:
-            self._blocks.remove()
-            self._layers.install()
-        elif not detailed and not self._blocks.installed:
-            self._layers.remove()
-            self._blocks.install()
-        self._detailed_now = detailed
-
-    # ------------------------------------------------------------------ iteration boundaries (instrument/boundary.py)
-
-    def _main_task(self, event: RawEvent) -> None:
-        """Record a task of the training thread; the first one after a backward may open the next iteration."""
-        self._boundary.task()
-        self._events.append(event)
-
-    def _step_started(self, name: str) -> Callable[..., Any]:
-        def step_started(optimizer: Any, args: Any, kwargs: Any) -> Any:
-            self._boundary.step_began()
-            # ``args`` are step()'s own: the optimizer first, then the closure if passed by position.
-            closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-            if closure is None:
-                self._update_began(name)
-                return None
-
-            # optimizer.step(closure) (LBFGS, Lightning): forward and backward run inside the step, the
-            # update after the closure returns (after its last call, for an optimizer that calls it again).
-            def timed_closure(*a: Any, **k: Any) -> Any:
-                result = closure(*a, **k)
-                update_began(name)
-                return result
-
-            if "closure" in kwargs:
-                return args, {**kwargs, "closure": timed_closure}
-            return (args[0], timed_closure, *args[2:]), kwargs
-
-        update_began = self._guard(self._update_began)
-        return self._guard(step_started)
-
-    def _update_began(self, name: str) -> None:
-        self._backward_over()
-        self._update_starts[name] = self._stamp()
-
-    def _step_ended(self, name: str) -> Callable[..., None]:
-        def step_ended(optimizer: Any, args: Any, kwargs: Any) -> None:
-            start = self._update_starts.pop(name, None)
-            if start is not None:
-                self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))
-            self._boundary.step_ended()
-
-        return self._guard(step_ended)
-
-    def _backward_over(self) -> None:
-        # Backward is over: units whose backward ends at their last gradient accumulation are done.
-        (self._layers if self._detailed_now else self._blocks).flush()
-
-    def _on_top_forward(self, module: torch.nn.Module, args: object) -> None:
-        """A forward of the whole model: past a backward with no step to end it, it may begin the next iteration."""
-        if not self._on or self._boundary.in_step or self._compiling() or not self._grad_enabled():
-            return
-        if self._lead is None:
-            self._lead = module  # of several models, the one whose forward opens an iteration
-        elif module is not self._lead:
-            return
-        try:
-            ddp = self._ddp_of[id(module)]
-            synced = None if ddp is None else bool(ddp.require_backward_grad_sync)
-            self._boundary.forward_began(synced)
-            if synced and self._comm is not None:
-                self._comm.new_pass()
-        except Exception as exc:  # noqa: BLE001
-            self._fail(exc)
-
-    def _after_top_forward(self, module: torch.nn.Module, args: object, output: object) -> None:
-        if not self._on or self._compiling() or not self._grad_enabled():
-            return
-        try:
-            for node in self._grad_fns(output):
-                node.register_prehook(self._boundary.backward_began)
-        except Exception as exc:  # noqa: BLE001
-            self._fail(exc)
-
-    def _end_iteration(self, cut: int | None) -> None:
-        """Hand the iteration to the publisher: the events before ``cut`` (all if None), then start the next.
-
-        Called by the boundary (:class:`~instrument.boundary.IterationBoundary`), which then resets itself."""
-        events = self._events
-        if cut is None:
-            # One list for the whole run (hooks hold its append): take what is there, leave what may arrive.
-            count = len(events)
-            batch = events[:count]
-            del events[:count]
-        else:
-            # Ended by the next forward: nothing else is running. Units ending at their last gradient
-            # accumulation are done; they belong before the cut, with the rest of the backward.
-            count = len(events)
-            self._backward_over()
-            flushed = events[count:]
-            del events[count:]
-            batch = events[:cut] + flushed
-            del events[:cut]
-        self._publisher.put_iteration(self.iteration, batch)
-        self.iteration += 1
-        self._after_iteration()
-        detailed = self._detailed(self.iteration)
-        if detailed != self._detailed_now:
-            self._switch_units(detailed)
-        if not self._publisher.alive:
-            raise RuntimeError("the publisher thread stopped")
-
-    def _after_iteration(self) -> None:
-        if self._comm is not None:
-            buckets = self._comm.iteration_done()  # a new map each time DDP rebuilds its buckets
-            if buckets is not None:
-                self._publisher.put_buckets(buckets, self._comm.parameter_bytes)
 
     def _hello(self, seq: int) -> wire.Hello:
         import torch

@@ -1,13 +1,17 @@
 """What ``attach()`` wires the tracer to: the torch optimizers behind the one given, the model behind its DDP or
-compiled wrapper, the units and spans of each model, and the device it trains on."""
+compiled wrapper, the units and spans of each model and their timers (:func:`wire_models`), the device it trains
+on, and the job's collectives."""
 
 from __future__ import annotations
 
 import re
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from instrument.probe import Probe
 
 if TYPE_CHECKING:
     import torch
@@ -15,7 +19,10 @@ if TYPE_CHECKING:
 
     from instrument.collectives import ScriptCollectives
     from instrument.comm import BucketTimer
-    from instrument.probe import Probe
+    from instrument.cuda import CudaTiming
+    from instrument.events import RawEvent
+    from instrument.probe import Fail, Stamp, Switch
+    from instrument.timerset import TimerSet
 
 UnitFinder = Callable[["nn.Module"], list[tuple[str, "nn.Module"]]]
 """``block_units`` or ``layer_units`` (instrument/units.py): a model's timed units, by name."""
@@ -176,3 +183,72 @@ def time_collectives(ddp: torch.nn.parallel.DistributedDataParallel | None, modu
         out.script = ScriptCollectives(probe.on_lane("comm"), iteration)
         out.handles.append(out.script)  # its remove() gives torch.distributed its functions back
     return out
+
+
+@dataclass
+class Models:
+    """The models given to ``attach()``, unwrapped, and the timers of their units (:func:`wire_models`)."""
+
+    given: list[Any]
+    """As given: their top forward opens and closes iterations."""
+    modules: list[nn.Module]
+    """Each one behind its DDP or compiled wrapper."""
+    ddp: torch.nn.parallel.DistributedDataParallel | None
+    """The first model's DDP: its collectives are timed."""
+    ddp_of: dict[int, torch.nn.parallel.DistributedDataParallel | None]
+    """``id()`` of a model as given → its DDP, if any."""
+    device: torch.device
+    cuda: CudaTiming | None
+    """Timing on the CUDA stream, for a CUDA model."""
+    stamp: Stamp
+    """CUDA events on the stream, else ``perf_counter_ns``."""
+    lane: str
+    """Where the compute runs: ``gpu`` or ``main``."""
+    probe: Probe
+    """The compute lane's probe."""
+    blocks: TimerSet
+    layers: TimerSet
+    """The units' timers: blocks, or per layer on detailed iterations."""
+    units_said: str
+    """The units as the hello describes them."""
+    params: int
+    name: str
+
+
+def wire_models(model: Any, events: list[RawEvent], switch: Switch, fail: Fail) -> Models:
+    """Unwrap ``model`` (one or a list), find its device, and build the timers of its blocks and layers, their
+    events appended to ``events`` (nothing is hooked yet: :meth:`TimerSet.install`).
+
+    Called by the tracer's ``_install`` (``stacklevel`` 5 is the caller of ``attach()``).
+    """
+    from instrument.timerset import TimerSet
+    from instrument.units import block_units, layer_units, model_name
+
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not models:
+        raise ValueError("no model given")
+    unwrapped = [unwrap(m) for m in models]
+    if sum(d is not None for d, _ in unwrapped[1:]):
+        warnings.warn("dagtop: several models in DistributedDataParallel: only the first one's gradient buckets "
+                      "are timed (their names would collide); the others' all-reduces count as untimed time",
+                      RuntimeWarning, stacklevel=5)
+    device = model_device(unwrapped[0][1])
+    cuda: CudaTiming | None = None
+    if device.type == "cuda":
+        from instrument.cuda import CudaTiming
+
+        cuda = CudaTiming(device)
+    # NCCL's futures complete at enqueue, so a CUDA job times its collectives on the stream too.
+    stamp = cuda.stamp if cuda is not None else time.perf_counter_ns
+    lane = "gpu" if cuda is not None else "main"
+    probe = Probe(events.append, stamp, lane, switch, fail)
+    modules = [m for _, m in unwrapped]
+    # The units, and around them the modules whose own work falls between them (instrument/spans.py).
+    blocks = TimerSet.of(units_of(block_units, modules), spans_of(block_units, modules), events, probe)
+    layers = TimerSet.of(units_of(layer_units, modules), spans_of(layer_units, modules), events, probe)
+    return Models(
+        given=models, modules=modules, ddp=unwrapped[0][0], ddp_of={id(m): d for m, (d, _) in zip(models, unwrapped)},
+        device=device, cuda=cuda, stamp=stamp, lane=lane, probe=probe, blocks=blocks, layers=layers,
+        units_said=f"{describe_units([u.name for u in blocks.units])}; {len(layers.units)} layers",
+        params=sum(p.numel() for m in modules for p in m.parameters()),
+        name="+".join(model_name(m) for m in modules))

@@ -1,0 +1,182 @@
+"""The tracer's hooks on the optimizer's step and the model's top forward (:class:`IterationHooks`): they tell the
+iteration boundary (instrument/boundary.py) what happens, time the update, and hand each iteration to the publisher
+where the boundary cuts it, switching between block and per-layer timing between iterations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from instrument.events import UPDATE, RawEvent
+
+if TYPE_CHECKING:
+    import torch
+
+    from instrument.boundary import IterationBoundary
+    from instrument.comm import BucketTimer
+    from instrument.probe import Stamp, Switch
+    from instrument.publisher import Publisher
+    from instrument.ranktracer import Granularity
+    from instrument.timerset import TimerSet
+
+
+class IterationHooks:
+    """What :class:`~instrument.tracer.Tracer` runs at the edges of an iteration; the tracer builds the collaborators
+    declared here (``_install``) and registers these hooks."""
+
+    iteration: int
+    granularity: Granularity
+    sample_every: int
+    _switch: Switch
+    _events: list[RawEvent]
+    """One list for the whole run: the hooks hold its ``append``."""
+    _boundary: IterationBoundary
+    _update_starts: dict[str, object]
+    """Optimizer step → when its update began (a stamp: ns, or a CUDA event), while it runs."""
+    _stamp: Stamp
+    _lane: str
+    _guard: Callable[[Callable[..., Any]], Callable[..., Any]]
+    """:meth:`~instrument.probe.Probe.guard` of the compute lane's probe."""
+    _blocks: TimerSet
+    _layers: TimerSet
+    """The timed units: blocks, or per layer on detailed iterations."""
+    _detailed_now: bool
+    _lead: torch.nn.Module | None
+    """Of several models, the one whose forward opens an iteration: the first one run."""
+    _ddp_of: dict[int, torch.nn.parallel.DistributedDataParallel | None]
+    _comm: BucketTimer | None
+    _publisher: Publisher
+    _grad_enabled: Callable[[], bool]
+    _compiling: Callable[[], bool]
+    _grad_fns: Callable[[Any], list[Any]]
+    """Run on every forward of the whole model: torch's own functions, bound once."""
+
+    def _fail(self, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    @property
+    def _on(self) -> bool:
+        return self._switch.on
+
+    @_on.setter
+    def _on(self, value: bool) -> None:
+        self._switch.on = value
+
+    def _detailed(self, iteration: int) -> bool:
+        return self.granularity == "layer" or (self.sample_every > 0 and iteration % self.sample_every == 0)
+
+    def _switch_units(self, detailed: bool) -> None:
+        """Per-layer hooks on detailed iterations, block hooks otherwise: never both (they would overlap)."""
+        if detailed and not self._layers.installed:
+            self._blocks.remove()
+            self._layers.install()
+        elif not detailed and not self._blocks.installed:
+            self._layers.remove()
+            self._blocks.install()
+        self._detailed_now = detailed
+
+
+    def _main_task(self, event: RawEvent) -> None:
+        """Record a task of the training thread; the first one after a backward may open the next iteration."""
+        self._boundary.task()
+        self._events.append(event)
+
+    def _step_started(self, name: str) -> Callable[..., Any]:
+        def step_started(optimizer: Any, args: Any, kwargs: Any) -> Any:
+            self._boundary.step_began()
+            # ``args`` are step()'s own: the optimizer first, then the closure if passed by position.
+            closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+            if closure is None:
+                self._update_began(name)
+                return None
+
+            # optimizer.step(closure) (LBFGS, Lightning): forward and backward run inside the step, the
+            # update after the closure returns (after its last call, for an optimizer that calls it again).
+            def timed_closure(*a: Any, **k: Any) -> Any:
+                result = closure(*a, **k)
+                update_began(name)
+                return result
+
+            if "closure" in kwargs:
+                return args, {**kwargs, "closure": timed_closure}
+            return (args[0], timed_closure, *args[2:]), kwargs
+
+        update_began = self._guard(self._update_began)
+        return self._guard(step_started)
+
+    def _update_began(self, name: str) -> None:
+        self._backward_over()
+        self._update_starts[name] = self._stamp()
+
+    def _step_ended(self, name: str) -> Callable[..., None]:
+        def step_ended(optimizer: Any, args: Any, kwargs: Any) -> None:
+            start = self._update_starts.pop(name, None)
+            if start is not None:
+                self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))
+            self._boundary.step_ended()
+
+        return self._guard(step_ended)
+
+    def _backward_over(self) -> None:
+        # Backward is over: units whose backward ends at their last gradient accumulation are done.
+        (self._layers if self._detailed_now else self._blocks).flush()
+
+    def _on_top_forward(self, module: torch.nn.Module, args: object) -> None:
+        """A forward of the whole model: past a backward with no step to end it, it may begin the next iteration."""
+        if not self._on or self._boundary.in_step or self._compiling() or not self._grad_enabled():
+            return
+        if self._lead is None:
+            self._lead = module  # of several models, the one whose forward opens an iteration
+        elif module is not self._lead:
+            return
+        try:
+            ddp = self._ddp_of[id(module)]
+            synced = None if ddp is None else bool(ddp.require_backward_grad_sync)
+            self._boundary.forward_began(synced)
+            if synced and self._comm is not None:
+                self._comm.new_pass()
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def _after_top_forward(self, module: torch.nn.Module, args: object, output: object) -> None:
+        if not self._on or self._compiling() or not self._grad_enabled():
+            return
+        try:
+            for node in self._grad_fns(output):
+                node.register_prehook(self._boundary.backward_began)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def _end_iteration(self, cut: int | None) -> None:
+        """Hand the iteration to the publisher: the events before ``cut`` (all if None), then start the next.
+
+        Called by the boundary (:class:`~instrument.boundary.IterationBoundary`), which then resets itself."""
+        events = self._events
+        if cut is None:
+            # One list for the whole run (hooks hold its append): take what is there, leave what may arrive.
+            count = len(events)
+            batch = events[:count]
+            del events[:count]
+        else:
+            # Ended by the next forward: nothing else is running. Units ending at their last gradient
+            # accumulation are done; they belong before the cut, with the rest of the backward.
+            count = len(events)
+            self._backward_over()
+            flushed = events[count:]
+            del events[count:]
+            batch = events[:cut] + flushed
+            del events[:cut]
+        self._publisher.put_iteration(self.iteration, batch)
+        self.iteration += 1
+        self._after_iteration()
+        detailed = self._detailed(self.iteration)
+        if detailed != self._detailed_now:
+            self._switch_units(detailed)
+        if not self._publisher.alive:
+            raise RuntimeError("the publisher thread stopped")
+
+    def _after_iteration(self) -> None:
+        if self._comm is not None:
+            buckets = self._comm.iteration_done()  # a new map each time DDP rebuilds its buckets
+            if buckets is not None:
+                self._publisher.put_buckets(buckets, self._comm.parameter_bytes)
