@@ -10,16 +10,17 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from collections.abc import Callable
+from typing import Any, Final
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from instrument import settings, wire
+from instrument import settings, sockets, wire
+from instrument.background import run_in_the_background
 from instrument.keys import curve_keys
 from instrument.spans import fill_spans
-from instrument.teardown import GATE_TIMEOUT_S, Gate
+from instrument.teardown import GATE_TIMEOUT_S, Gate, GpuResolver
 
 QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
@@ -28,7 +29,7 @@ SNDBUF_BYTES: Final = 16 * 1024
 """The kernel's send buffer for a rank's connection (Linux doubles it: ~50 iteration frames of a small model). Left
 to itself that buffer grows to megabytes while the monitor is stopped or the link slow, and every frame in it must
 go before a fresh one: a monitor stopped 30 s saw rank 0's fresh frames 15.6 s after it resumed (0.1 s with this
-buffer; benchmarks/faults.py). The frames wait in ZeroMQ's queue (:data:`~instrument.wire.SNDHWM`) instead. One
+buffer; benchmarks/faults.py). The frames wait in ZeroMQ's queue (:data:`~instrument.sockets.SNDHWM`) instead. One
 rank's frames need far less than it carries."""
 GPU_POLL_S: Final = 0.02
 """While an iteration's CUDA events have not run yet, how often the publisher thread looks again. Otherwise it
@@ -54,41 +55,9 @@ _REFUSED: Final = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_P
 """Socket events that say the monitor refused this rank's handshake."""
 
 
-BACKGROUND_NICE: int | None = 19
-"""The niceness the shim's own threads (publisher, telemetry) run at, on Linux where niceness is per thread: on a
-busy core the training thread is then not preempted each time one of them wakes, and their work (a fraction of
-a percent of the core) fills the gaps instead. Measured by benchmarks/bench_overhead.py, which runs the publisher
-at the process's own priority too (None) for comparison."""
-
-
-def run_in_the_background() -> None:
-    """Lower the calling thread's CPU priority to :data:`BACKGROUND_NICE`; where that cannot be done, nothing.
-
-    Linux keeps a niceness per thread (``setpriority`` on the thread's id); raising it needs no privilege.
-    """
-    if BACKGROUND_NICE is None:
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-    except (AttributeError, OSError):  # not Linux, or not permitted: the thread runs as it is
-        pass
-
-
 def _close_all(*fds: int) -> None:
     for fd in fds:
         os.close(fd)
-
-
-class GpuResolver(Protocol):
-    """Turns an iteration's CUDA events into CPU-clock nanoseconds once the GPU has run them."""
-
-    def ready(self, events: Sequence[tuple[Any, ...]]) -> bool: ...
-
-    def resolve(self, events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]: ...
-
-    def calibrate(self) -> None: ...
-
-    def enter_thread(self) -> None: ...
 
 
 class Publisher:
@@ -214,10 +183,10 @@ class Publisher:
             # XPUB, unlike PUB, says zmq.Again at the high-water mark instead of dropping silently, so drops
             # are counted; and it tells us when a monitor subscribes, so the hello goes out at once.
             sock.setsockopt(zmq.XPUB_NODROP, 1)
-            sock.setsockopt(zmq.SNDHWM, wire.SNDHWM)
+            sock.setsockopt(zmq.SNDHWM, sockets.SNDHWM)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDBUF, SNDBUF_BYTES)
-            wire.reconnect_quickly(sock)
+            sockets.reconnect_quickly(sock)
             auth = self._auth = settings.read().auth
             if auth:
                 sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve_keys(auth)

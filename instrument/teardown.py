@@ -21,10 +21,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    from instrument.publisher import GpuResolver
+from typing import Any, Final, Protocol
 
 GATE_TIMEOUT_S: Final = 10.0
 """How long ``close()`` waits, past its own timeout, for a call into torch under way on the publisher thread (an
@@ -32,6 +29,18 @@ event query or an idle stream's synchronize: micro- to milliseconds; seconds on 
 CONTEXT_KEY: Final = "context"
 """Where ``torch.autograd.graph._engine_run_backward`` keeps the backward's ``contextvars.Context`` in torch's
 thread-local state (torch 2.13)."""
+
+
+class GpuResolver(Protocol):
+    """Turns an iteration's CUDA events into CPU-clock nanoseconds once the GPU has run them."""
+
+    def ready(self, events: Sequence[tuple[Any, ...]]) -> bool: ...
+
+    def resolve(self, events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]: ...
+
+    def calibrate(self) -> None: ...
+
+    def enter_thread(self) -> None: ...
 
 
 class Pending:
@@ -99,7 +108,7 @@ def restash_context(context: Any) -> None:
 
 
 class Gate:
-    """The publisher thread's way into torch (a :class:`~instrument.publisher.GpuResolver`), shut for good by
+    """The publisher thread's way into torch (a :class:`GpuResolver`), shut for good by
     ``close()``: each call holds the gate's lock, and :meth:`shut` waits for the call under way, so that after
     it the thread never enters torch again (what it still sends goes without the GPU's times, and is counted)."""
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from instrument import wire
-from instrument.publisher import run_in_the_background
+from instrument.background import run_in_the_background
 
 EVERY_S: Final = 2.0
 """Seconds between two samples: the panel's pace; a sample costs the rank tens of microseconds of CPU."""

@@ -35,7 +35,8 @@ from dagtop.exits import Exit
 from dagtop.io.auth import AuthError, MonitorAuth
 from dagtop.io.sources import RCVHWM, BindError
 from instrument.keys import curve_keys
-from instrument.wire import MAX_FRAME_BYTES, SNDHWM, reconnect_quickly
+from instrument.sockets import SNDHWM, reconnect_quickly
+from instrument.wire import MAX_FRAME_BYTES
 
 POLL_MS = 1000
 """The longest the relay sleeps with nothing to do: what bounds how late it sees a stop signal."""
