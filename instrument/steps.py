@@ -75,7 +75,6 @@ class IterationHooks:
             self._blocks.install()
         self._detailed_now = detailed
 
-
     def _main_task(self, event: RawEvent) -> None:
         """Record a task of the training thread; the first one after a backward may open the next iteration."""
         self._boundary.task()

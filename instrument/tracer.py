@@ -1,6 +1,7 @@
 """The timing tracer of a training rank (:class:`~instrument.ranktracer.RankTracer`): :class:`Tracer` times the
 loader, the copies, the script's own tasks and the units and collectives it wires up (instrument/wiring.py), and
-hands each iteration to the publisher where its boundary (instrument/boundary.py) falls."""
+hands each iteration to the publisher where its boundary (instrument/boundary.py) falls, from its hooks at the
+edges of an iteration (instrument/steps.py)."""
 
 from __future__ import annotations
 
