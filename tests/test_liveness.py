@@ -55,6 +55,15 @@ def _run(live: Liveness, until_s: float, stop_rank_1_at_s: float | None = None) 
         t += 0.1
 
 
+def _frames_of_a_stall() -> list[RawFrame]:
+    """The frames of :func:`_run` up to 15 s, rank 1 silent from 3 s, as a recording holds them."""
+    frames: list[RawFrame] = []
+    recorder = Liveness()
+    recorder.take = lambda frame, ns: frames.append(RawFrame(ns, wire.encode(frame)))  # type: ignore[method-assign]
+    _run(recorder, until_s=15.0, stop_rank_1_at_s=3.0)
+    return frames
+
+
 def test_a_silent_rank_during_a_stall_holds_the_job_and_the_others_wait() -> None:
     live = Liveness()
     _run(live, until_s=20.0, stop_rank_1_at_s=5.0)
@@ -140,12 +149,7 @@ def test_a_silent_holder_heard_again_before_its_iteration_keeps_its_silence_in_t
 
 def test_a_stall_whose_last_iterations_come_within_one_look_is_resumed_when_the_recording_ends() -> None:
     """The ranks come back and the recording ends before the next look (0.5 s): judged as of its last frame."""
-    frames = []
-    live = Liveness()
-    original = live.take
-    live.take = lambda frame, ns: frames.append(RawFrame(ns, wire.encode(frame)))  # type: ignore[method-assign]
-    _run(live, until_s=15.0, stop_rank_1_at_s=3.0)
-    live.take = original  # type: ignore[method-assign]
+    frames = _frames_of_a_stall()
     seq = 20_000
     for it in (30, 31, 32):
         for rank in (0, 1):
@@ -256,12 +260,7 @@ def test_ranks_without_heartbeats_are_judged_by_their_hellos() -> None:
 
 
 def test_the_pipeline_replays_a_stall_from_frames_alone() -> None:
-    frames = []
-    live = Liveness()
-    original = live.take
-    live.take = lambda frame, ns: frames.append(RawFrame(ns, wire.encode(frame)))  # type: ignore[method-assign]
-    _run(live, until_s=15.0, stop_rank_1_at_s=3.0)
-    live.take = original  # type: ignore[method-assign]
+    frames = _frames_of_a_stall()
     frames.append(RawFrame(16 * S, wire.encode(wire.Heartbeat(10_000, 1, 30, "backward layers.3", 5, state=OPEN))))
     pipeline = Pipeline(window=None)
     pipeline.feed(frames)
