@@ -138,7 +138,9 @@ def test_w_draws_each_change_with_its_prediction_and_assumption_and_fits_the_scr
         assert f"Iteration {a.iteration}: measured {a.measured_ms:.1f} ms" in top
         assert "change ms/it throughput" in top
         for w in a.what_if:  # the table: every change with its predicted time and throughput
-            assert re.search(rf"{re.escape(w.label)}(?: \?)? {w.iteration_ms:.1f} ×{w.throughput:.2f}", top), str(w)
+            at_most, at_least = ("≤", "≥") if w.lower_bound else ("", "")  # a lower bound's gain, said as one
+            assert re.search(rf"{re.escape(w.label)}(?: \?)? {at_most}{w.iteration_ms:.1f} {at_least}×{w.throughput:.2f}",
+                             top), str(w)
         assert "ms/it the iteration time the model predicts with the change" in top
         await scrolled_to_end(app, pilot)
         end = words(drawn(app))
