@@ -58,21 +58,30 @@ class FieldType:
 
 
 @dataclass(frozen=True, slots=True)
-class Int(FieldType):
-    """An integer in [lo, hi]; never a bool, never a float."""
+class Bounded(FieldType):
+    """What :class:`Int` and :class:`OptInt` share: an integer's bounds, their check and their description."""
 
     lo: int = 0
     hi: int = INT64_MAX
 
+    def describe(self) -> str:
+        return f"integer in [{number(self.lo)}, {number(self.hi)}]"
+
+    def bounded(self, value: int, key: str, within: str = "") -> int:
+        """``value`` if it lies in [lo, hi]; ``within`` opens the message (an enclosing map's name and a colon)."""
+        if not self.lo <= value <= self.hi:
+            raise WireError(f"{within}field {key!r} = {value} is out of range [{self.lo}, {self.hi}]")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Int(Bounded):
+    """An integer in [lo, hi]; never a bool, never a float."""
+
     def decode(self, value: Any, key: str, where: str) -> int:
         if type(value) is not int:  # bool is an int subclass: refuse it too
             raise WireError(f"field {key!r} must be an integer, got {type(value).__name__}")
-        if not self.lo <= value <= self.hi:
-            raise WireError(f"field {key!r} = {value} is out of range [{self.lo}, {self.hi}]")
-        return value
-
-    def describe(self) -> str:
-        return f"integer in [{number(self.lo)}, {number(self.hi)}]"
+        return self.bounded(value, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,19 +102,19 @@ class Str(FieldType):
 
 
 @dataclass(frozen=True, slots=True)
-class Text(FieldType):
-    """A string of at most ``limit`` characters that may be left out: then it is empty."""
+class Text(Str):
+    """A :class:`Str` that may be left out: then it is empty."""
 
-    limit: int
     absent: ClassVar[Any] = ""
 
     def decode(self, value: Any, key: str, where: str) -> str:
-        if not isinstance(value, str) or len(value) > self.limit:
-            raise WireError(f"field {key!r} must be a string of at most {self.limit} characters")
-        return value
+        try:  # Str.decode, not super(): a slots dataclass is a rebuilt class, which zero-argument super() misses
+            return Str.decode(self, value, key, where)
+        except WireError:  # one reason for both faults, as these fields always said
+            raise WireError(f"field {key!r} must be a string of at most {self.limit} characters") from None
 
     def describe(self) -> str:
-        return f"string, at most {self.limit} characters; empty if absent"
+        return f"{Str.describe(self)}; empty if absent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +125,7 @@ class Added(Text):
     omitted_when_absent: ClassVar[bool] = True
 
     def describe(self) -> str:
-        return f"string, at most {self.limit} characters; left out when empty"
+        return f"{Str.describe(self)}; left out when empty"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +137,7 @@ class AddedInt(Int):
     omitted_when_absent: ClassVar[bool] = True
 
     def describe(self) -> str:
-        return f"integer in [{number(self.lo)}, {number(self.hi)}]; 0 if absent, left out when 0"
+        return f"{Bounded.describe(self)}; 0 if absent, left out when 0"
 
 
 def _within(where: str) -> str:
@@ -136,11 +145,8 @@ def _within(where: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class OptInt(FieldType):
+class OptInt(Bounded):
     """nil (not measurable there), or a non-negative integer in [lo, hi]."""
-
-    lo: int = 0
-    hi: int = INT64_MAX
 
     def decode(self, value: Any, key: str, where: str) -> int | None:
         if value is None:
@@ -148,12 +154,10 @@ class OptInt(FieldType):
         if type(value) is not int or not 0 <= value <= INT64_MAX:
             raise WireError(
                 f"{_within(where)}field {key!r} must be nil or a non-negative integer, got {value!r:.40}")
-        if not self.lo <= value <= self.hi:
-            raise WireError(f"{_within(where)}field {key!r} = {value} is out of range [{self.lo}, {self.hi}]")
-        return value
+        return self.bounded(value, key, _within(where))
 
     def describe(self) -> str:
-        return f"nil or integer in [{number(self.lo)}, {number(self.hi)}]"
+        return f"nil or {Bounded.describe(self)}"
 
 
 @dataclass(frozen=True, slots=True)
