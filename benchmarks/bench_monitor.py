@@ -40,6 +40,7 @@ import psutil
 from dagtop.demo.launch import free_endpoint
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from instrument import wire
+from instrument.wire_fields import Bucket, GpuStats, HostStats
 
 TMUX_SOCKET = "benchmon"
 """The private tmux server the monitor runs in: nobody else's tmux is touched."""
@@ -58,7 +59,7 @@ def rank_stream(job: SyntheticJob, rank: int, iterations: list[bytes], rate: flo
     """One rank's frames as (seconds after attach, payload, whether an ``iter`` frame), seq numbered in send order,
     as the shim sends them."""
     host, local = f"node{rank // RANKS_PER_HOST}", rank % RANKS_PER_HOST
-    buckets = tuple(wire.Bucket(k, job.bucket_bytes, tuple(f"block{b}.weight" for b in range(k * 2, k * 2 + 2)))
+    buckets = tuple(Bucket(k, job.bucket_bytes, tuple(f"block{b}.weight" for b in range(k * 2, k * 2 + 2)))
                     for k in range(job.buckets))
     timed: list[tuple[float, int, Any]] = []  # (when, order, frame with seq 0)
     hello_at = list(HELLO_AT_S) + [t * HELLO_EVERY_S for t in range(1, int(seconds / HELLO_EVERY_S) + 1)]
@@ -68,8 +69,8 @@ def rank_stream(job: SyntheticJob, rank: int, iterations: list[bytes], rate: flo
         timed.append((t, 1, wire.Buckets(0, rank, buckets)))
     t, k = TELEMETRY_FIRST_S, 0
     while t < seconds:
-        host_stats = wire.HostStats(40.0 + k % 7, 64, 200 * 2**30, 512 * 2**30) if local == 0 else None
-        gpu = wire.GpuStats(local, "NVIDIA H100 80GB HBM3", 90.0 + k % 5, 60 * 2**30, 80 * 2**30, 1e9, 2e9, 500.0)
+        host_stats = HostStats(40.0 + k % 7, 64, 200 * 2**30, 512 * 2**30) if local == 0 else None
+        gpu = GpuStats(local, "NVIDIA H100 80GB HBM3", 90.0 + k % 5, 60 * 2**30, 80 * 2**30, 1e9, 2e9, 500.0)
         timed.append((t, 2, wire.Telemetry(0, rank, host, local, START_NS + int(t * 1e9), host_stats, gpu)))
         t, k = t + TELEMETRY_EVERY_S, k + 1
     t = HEARTBEAT_EVERY_S

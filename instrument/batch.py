@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from instrument import wire
 from instrument.events import CATEGORIES, LOAD, custom
+from instrument.wire_fields import MAX_NAME_CHARS
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +84,7 @@ class TimedTask:
     def __init__(self, tracer: Tracer, name: str, category: str) -> None:
         if category not in CATEGORIES:
             raise ValueError(f"unknown category {category!r}; one of {', '.join(CATEGORIES)}")
-        self._tracer, self._name, self._kind, self._start = tracer, name[: wire.MAX_NAME_CHARS], custom(category), 0
+        self._tracer, self._name, self._kind, self._start = tracer, name[: MAX_NAME_CHARS], custom(category), 0
 
     def __enter__(self) -> None:
         self._start = time.perf_counter_ns()

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from instrument import wire
 from instrument.events import COLLECTIVE, SYNC_ON_MAIN
 from instrument.probe import Probe
 from instrument.teardown import Held, Pending, restash_context, unstash_context
+from instrument.wire_fields import Bucket
 
 _work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
 """torch's C++ ``Work`` around a future (private, not in the stubs); a torch without it leaves the buckets untimed
@@ -241,7 +241,7 @@ class BucketTimer:
             return None
         return f"bucket {index}", issued
 
-    def iteration_done(self) -> list[wire.Bucket] | None:
+    def iteration_done(self) -> list[Bucket] | None:
         """Call once an iteration's buckets have all been handed over: the bucket map if it is new, else None.
 
         DDP rebuilds its buckets after iteration 0 (after iteration 1 with ``static_graph=True``), and may again
@@ -265,7 +265,7 @@ class BucketTimer:
         self._sent, self._candidate = sizes, None
         names = _bucket_names(self._ddp, [sizes[i] for i in sorted(sizes)])
         self.parameter_bytes = tuple(tuple(b for _, b in bucket) for bucket in names) if all(names) else ()
-        return [wire.Bucket(i, sizes[i][0], tuple(n for n, _ in names[k])) for k, i in enumerate(sorted(sizes))]
+        return [Bucket(i, sizes[i][0], tuple(n for n, _ in names[k])) for k, i in enumerate(sorted(sizes))]
 
 
 def _bucket_names(ddp: Any, buckets: list[tuple[int, torch.dtype]]) -> list[tuple[tuple[str, int], ...]]:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from instrument import wire
+from instrument.wire_fields import MAX_JOB_CHARS, MAX_RANKS
 
 
 class JobIdentity(NamedTuple):
@@ -21,9 +21,9 @@ class JobIdentity(NamedTuple):
 def job_identity(environ: Mapping[str, str] = os.environ) -> JobIdentity:
     """The job's identity: torchrun's run id and restart count, and where the ranks meet (``MASTER_ADDR`` and
     ``MASTER_PORT``, or the default process group's TCP store when the job was initialised without them)."""
-    limit = wire.MAX_JOB_CHARS
+    limit = MAX_JOB_CHARS
     try:
-        restart = min(max(int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0), wire.MAX_RANKS)
+        restart = min(max(int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0), MAX_RANKS)
     except ValueError:
         restart = 0
     address, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from instrument import wire
+from instrument.wire_fields import MAX_RANKS, Loader
 
 
-def describe_loader(iterable: Any) -> wire.Loader | None:
+def describe_loader(iterable: Any) -> Loader | None:
     """``iterable``'s settings if it looks like a ``torch.utils.data.DataLoader`` (it has ``num_workers``), else None.
 
     Read by attribute, never by importing torch: any loader that keeps DataLoader's names is described. Never
@@ -15,7 +15,7 @@ def describe_loader(iterable: Any) -> wire.Loader | None:
     """
     try:
         workers = getattr(iterable, "num_workers", None)
-        if type(workers) is not int or not 0 <= workers <= wire.MAX_RANKS:
+        if type(workers) is not int or not 0 <= workers <= MAX_RANKS:
             return None
         batch = getattr(iterable, "batch_size", None)
         try:
@@ -23,7 +23,7 @@ def describe_loader(iterable: Any) -> wire.Loader | None:
         except Exception:  # noqa: BLE001 - an IterableDataset without __len__ raises TypeError; others anything
             batches = None
         prefetch = getattr(iterable, "prefetch_factor", None) if workers else None
-        return wire.Loader(
+        return Loader(
             workers=workers,
             batch_size=batch if type(batch) is int and batch >= 1 else None,
             batches=batches if type(batches) is int and batches >= 0 else None,

@@ -21,6 +21,7 @@ from instrument.background import run_in_the_background
 from instrument.keys import curve_keys
 from instrument.spans import fill_spans
 from instrument.teardown import GATE_TIMEOUT_S, Gate, GpuResolver
+from instrument.wire_fields import MAX_NAME_CHARS, Bucket
 
 QUEUE_FRAMES: Final = 1024
 """Iterations waiting for the publisher thread; past this the training thread drops, never waits."""
@@ -100,7 +101,7 @@ class Publisher:
         self._auth = ""
         self.refused = 0
         """Handshakes the monitor refused (``--auth`` and a rank without the key, or with another)."""
-        self._buckets: tuple[tuple[wire.Bucket, ...], tuple[tuple[int, ...], ...]] | None = None
+        self._buckets: tuple[tuple[Bucket, ...], tuple[tuple[int, ...], ...]] | None = None
         """The last bucket map and its parameters' bytes, sent again after every hello."""
         self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
         """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
@@ -132,7 +133,7 @@ class Publisher:
         self._queue.append(("iter", iteration, events))
         self._wake()
 
-    def put_buckets(self, buckets: list[wire.Bucket], parameter_bytes: tuple[tuple[int, ...], ...] = ()) -> None:
+    def put_buckets(self, buckets: list[Bucket], parameter_bytes: tuple[tuple[int, ...], ...] = ()) -> None:
         """The final bucket map (and its parameters' bytes, where known); sent now and again with every hello."""
         self._queue.append(("buckets", (tuple(buckets), parameter_bytes), None))
         self._wake()
@@ -224,7 +225,7 @@ class Publisher:
         assert self._where is not None
         iteration, task, since_ns, state = self._where()
         open_ms = max(0, (time.perf_counter_ns() - since_ns) // 1_000_000)
-        self._send(sock, wire.encode(wire.Heartbeat(self.seq, self.rank, iteration, task[: wire.MAX_NAME_CHARS],
+        self._send(sock, wire.encode(wire.Heartbeat(self.seq, self.rank, iteration, task[: MAX_NAME_CHARS],
                                                     open_ms, time.perf_counter_ns(), self.sender, state)))
 
     def _refused(self, events: zmq.Socket[bytes]) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from instrument import wire
 from instrument.background import run_in_the_background
+from instrument.wire_fields import MAX_NAME_CHARS, MAX_NOTE_CHARS, MAX_RATE, GpuStats, HostStats
 
 EVERY_S: Final = 2.0
 """Seconds between two samples: the panel's pace; a sample costs the rank tens of microseconds of CPU."""
@@ -70,7 +71,7 @@ class HostProbe:
             return None, total
         return max(0, min(total, total - available)), total
 
-    def sample(self) -> wire.HostStats | None:
+    def sample(self) -> HostStats | None:
         """The figures since the previous call; None if the host offers none of them."""
         cpu = None
         now = self._cpu_times()
@@ -80,7 +81,7 @@ class HostProbe:
         used, total = self._memory()
         if cpu is None and total is None:
             return None
-        return wire.HostStats(cpu, self._cpus, used, total)
+        return HostStats(cpu, self._cpus, used, total)
 
 
 def _nvml_reason(exc: BaseException) -> str:
@@ -93,7 +94,7 @@ def _nvml_reason(exc: BaseException) -> str:
         return "no GPU figures: NVIDIA driver not loaded"
     if "NoPermission" in name:
         return "no GPU figures: NVML permission denied"
-    return f"no GPU figures: {name}: {exc}"[: wire.MAX_NOTE_CHARS]
+    return f"no GPU figures: {name}: {exc}"[: MAX_NOTE_CHARS]
 
 
 def _hex(uuid: Any) -> str:
@@ -133,7 +134,7 @@ class GpuProbe:
             self.index = self._nvml_index()
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.index)
             name = self._nvml.nvmlDeviceGetName(self._handle)
-            self.name = (name.decode() if isinstance(name, bytes) else str(name))[: wire.MAX_NAME_CHARS]
+            self.name = (name.decode() if isinstance(name, bytes) else str(name))[: MAX_NAME_CHARS]
         except Exception as exc:  # noqa: BLE001
             self.close()
             return _nvml_reason(exc)
@@ -159,7 +160,7 @@ class GpuProbe:
             return int(nv.nvmlDeviceGetIndex(handle))
         return self.cuda_index
 
-    def sample(self) -> wire.GpuStats | None:
+    def sample(self) -> GpuStats | None:
         """The device's figures now; a figure the device does not support is None."""
         nv, h = self._nvml, self._handle
         if nv is None or h is None:
@@ -180,7 +181,7 @@ class GpuProbe:
         used = total = None
         if mem is not None and 0 <= int(mem.used) <= int(mem.total):
             used, total = int(mem.used), int(mem.total)
-        return wire.GpuStats(
+        return GpuStats(
             index=self.index, name=self.name,
             util_percent=_clamp(util.gpu if util is not None else None, 100.0),
             mem_used=used, mem_total=total,
@@ -196,7 +197,7 @@ class GpuProbe:
         self._nvml = self._handle = None
 
 
-def _clamp(value: float | None, hi: float = wire.MAX_RATE) -> float | None:
+def _clamp(value: float | None, hi: float = MAX_RATE) -> float | None:
     """A reading the wire accepts, or None (a driver's odd value must not get the whole frame refused)."""
     if value is None:
         return None
@@ -221,7 +222,7 @@ class TelemetryThread:
                  cuda_index: int | None, every_s: float | None = None, first_after_s: float | None = None,
                  host_probe: HostProbe | None = None, gpu_probe: GpuProbe | None = None) -> None:
         self._put = put
-        self.rank, self.local_rank, self.host = rank, local_rank, host[: wire.MAX_NAME_CHARS]
+        self.rank, self.local_rank, self.host = rank, local_rank, host[: MAX_NAME_CHARS]
         self.cuda_index = cuda_index
         self.every_s = EVERY_S if every_s is None else every_s
         self.first_after_s = FIRST_AFTER_S if first_after_s is None else first_after_s

@@ -27,6 +27,7 @@ from instrument.probe import Switch
 from instrument.ranktracer import Closing, Granularity
 from instrument.steps import IterationHooks
 from instrument.whereabouts import Whereabouts
+from instrument.wire_fields import MAX_NAME_CHARS, Loader
 from instrument.wiring import as_device, is_cuda, optimizers, time_collectives, wire_models
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class Tracer(IterationHooks, Closing):
         self._update_starts = {}
         self._loading: int | None = None
         """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
-        self._loader_said: wire.Loader | None = None
+        self._loader_said: Loader | None = None
         """The settings of the DataLoader last given to :meth:`loader`, sent with each hello."""
         from instrument.loader import WaitShare
 
@@ -207,7 +208,7 @@ class Tracer(IterationHooks, Closing):
         callbacks. Category, phase and lane must come from ``instrument.events``; they are not checked here.
         """
         if self._on:
-            self._main_task((category, phase, name[: wire.MAX_NAME_CHARS], lane, start_ns, end_ns, nbytes))
+            self._main_task((category, phase, name[: MAX_NAME_CHARS], lane, start_ns, end_ns, nbytes))
 
     def close(self) -> None:
         """Stop timing, flush, say bye. Idempotent, registered with atexit, never hangs: it waits at most
@@ -265,10 +266,10 @@ class Tracer(IterationHooks, Closing):
 
         return wire.Hello(
             seq=seq, rank=self.rank, world=self.world, local_rank=self.local_rank,
-            host=socket.gethostname()[: wire.MAX_NAME_CHARS], pid=os.getpid(), device=str(self.device),
-            torch=torch.__version__, model=self._model_name[: wire.MAX_NAME_CHARS], params=self._params,
+            host=socket.gethostname()[: MAX_NAME_CHARS], pid=os.getpid(), device=str(self.device),
+            torch=torch.__version__, model=self._model_name[: MAX_NAME_CHARS], params=self._params,
             granularity=self.granularity, wall_ns=time.time_ns(), mono_ns=time.perf_counter_ns(),
-            units=self._units_said[: wire.MAX_NAME_CHARS], job=self._job.run_id, master=self._job.master,
+            units=self._units_said[: MAX_NAME_CHARS], job=self._job.run_id, master=self._job.master,
             restart=self._job.restart, started_ns=self.started_ns,
             loader=None if self._loader_said is None else dataclasses.replace(
                 self._loader_said, wait_cpu_permille=self._wait_share.permille()),

@@ -1,8 +1,9 @@
-"""The wire format: the one msgpack schema that training ranks and the monitor both speak.
+"""The wire format, the one msgpack schema that training ranks and the monitor both speak: its frames and their codec.
 
-Each frame below is a dataclass whose fields carry their wire key, type and meaning; the codec walks that
-description (instrument/schema.py), and so does instrument/wire_docs.py, which writes the frame tables of
-docs/wire.md. That page says what the values mean; read it rather than repeat it here. Decoding
+Each frame below is a dataclass whose fields carry their wire key, type and meaning; what frames are built from
+(the header every frame opens with, shared fields, nested maps, bounds) is in instrument/wire_fields.py. The
+codec walks that description (instrument/schema.py), and so does instrument/wire_docs.py, which writes the frame
+tables of docs/wire.md. That page says what the values mean; read it rather than repeat it here. Decoding
 validates every field and raises :class:`WireError` with a reason; it never executes anything from the wire
 (no pickle, no ext types).
 """
@@ -16,29 +17,42 @@ from typing import Any, ClassVar, Final
 
 import msgpack
 
-from instrument.events import CATEGORIES, CATEGORY_CODE, LANE_CODE, LANES, PHASE_CODE, PHASES, Event, EventColumns
+from instrument.events import CATEGORIES, LANES, PHASES, Event, EventColumns
 from instrument.schema import (
     Added,
     AddedInt,
     AddedIntLists,
     AddedMap,
-    FieldType,
     Int,
     Layout,
     Map,
-    OptFloat,
-    OptInt,
     Str,
     Text,
     WireError,
     layout_of,
     wire,
 )
-from instrument.wire_events import ColumnarEvents, Count, EventList, Name, Vocabulary
+from instrument.wire_fields import (
+    COLUMNS,
+    DROPPED,
+    DROPPED_QUEUE,
+    EVENTS,
+    MAX_EVENTS_PER_FRAME,
+    MAX_JOB_CHARS,
+    MAX_NAME_CHARS,
+    MAX_NOTE_CHARS,
+    MAX_RANKS,
+    SENDER,
+    Bucket,
+    BucketList,
+    GpuStats,
+    Header,
+    HostStats,
+    Loader,
+)
 
-__all__ = ["CATEGORIES", "DEFAULT_ENDPOINT", "LANES", "PHASES", "WIRE_VERSION", "Bucket", "Buckets", "Bye", "Event",
-           "EventColumns", "Frame", "GpuStats", "Heartbeat", "Hello", "HostStats", "IterationBatch", "Loader", "Telemetry",
-           "WireError",
+__all__ = ["CATEGORIES", "DEFAULT_ENDPOINT", "LANES", "PHASES", "WIRE_VERSION", "Buckets", "Bye", "Event",
+           "EventColumns", "Frame", "Heartbeat", "Hello", "IterationBatch", "Telemetry", "WireError",
            "decode", "encode", "encode_iteration"]
 
 WIRE_VERSION: Final = 2
@@ -58,24 +72,6 @@ MAX_STRING_BYTES: Final = 64 * 1024
 """Any one string in a frame, known key or not: every string the schema knows is far shorter."""
 MAX_MAP_KEYS: Final = 64
 """Keys of any one map in a frame: a frame has about ten, a nested map fewer."""
-MAX_NAME_CHARS: Final = 256
-MAX_EVENTS_PER_FRAME: Final = 1_000_000
-MAX_NOTE_CHARS: Final = 256
-MAX_RATE: Final = 1e15
-"""Bytes per second, watts: far above any real reading, low enough to refuse garbage."""
-MAX_RANKS: Final = 1 << 20
-"""Ranks in a job (and CPUs on a host): a bound that refuses garbage, not a limit anyone reaches."""
-
-EVENTS: Final = EventList(MAX_EVENTS_PER_FRAME, (
-    Vocabulary("category", CATEGORIES, CATEGORY_CODE), Vocabulary("phase", PHASES, PHASE_CODE),
-    Name("name", MAX_NAME_CHARS), Vocabulary("lane", LANES, LANE_CODE),
-    Count("start_ns", "start"), Count("end_ns", "end"), Count("bytes", "bytes")))
-"""A version-1 ``iter`` frame's events: one list per event, in :class:`Event`'s field order."""
-COLUMNS: Final = ColumnarEvents(MAX_EVENTS_PER_FRAME, MAX_NAME_CHARS)
-"""A version-2 ``iter`` frame's events: one typed column per field."""
-
-_event = EVENTS.check_row
-"""One event's schema: the first thing wrong with a row, or its :class:`Event`."""
 
 
 def _rank_below_world(values: Mapping[str, Any], where: str) -> None:
@@ -90,45 +86,8 @@ def _bytes_per_name(values: Mapping[str, Any], where: str) -> None:
         raise WireError("param_bytes must give each bucket's parameters their bytes, adding up to the bucket's")
 
 
-def _used_within_total(values: Mapping[str, Any], where: str) -> None:
-    used, total = values["mem_used"], values["mem_total"]
-    if used is not None and total is not None and used > total:
-        raise WireError(f"{where}: mem_used {used} exceeds mem_total {total}")
-
-
-SEQ: Final = wire(Int(), "frames this rank has tried to send before this one, all kinds together")
-RANK: Final = wire(Int(0, MAX_RANKS), "the sending rank, as torch.distributed numbers it")
-DROPPED: Final = wire(Int(), "iteration frames this rank has discarded so far (cumulative)")
-DROPPED_QUEUE: Final = wire(AddedInt(), "of `dropped`, those the training thread discarded because the publisher's "
-                                        "queue was full (the rest the rank's socket refused: the link or the monitor "
-                                        "not keeping up); 0 from older ranks")
-SENDER: Final = wire(AddedInt(0, 2**31 - 1), "the sending process: a number the shim picks at random when it "
-                                             "attaches (a restarted rank picks another); 0 from older ranks")
-MAX_JOB_CHARS: Final = 256
-
-
 @dataclass(frozen=True, slots=True)
-class Loader:
-    """The DataLoader a rank iterates through ``tracer.loader(...)``, as its settings say: what the advisor needs to
-    say how many workers to use and how long an epoch is."""
-
-    workers: int = field(metadata=wire(Int(0, MAX_RANKS), "`num_workers`"))
-    batch_size: int | None = field(metadata=wire(OptInt(1), "samples per batch; nil when the loader has no "
-                                                            "`batch_size` (a batch sampler of its own)"))
-    batches: int | None = field(metadata=wire(OptInt(), "`len(loader)`: batches per epoch on this rank; nil for an "
-                                                        "iterable without a length"))
-    prefetch_factor: int | None = field(metadata=wire(OptInt(), "batches each worker loads ahead; nil without "
-                                                                "workers"))
-    pin_memory: int = field(metadata=wire(Int(0, 1), "1 if `pin_memory=True`"))
-    persistent_workers: int = field(metadata=wire(Int(0, 1), "1 if `persistent_workers=True`"))
-    wait_cpu_permille: int | None = field(default=None, metadata=wire(
-        OptInt(0, 1000), "the training thread's CPU time inside `next()` per thousand of its wall time there, "
-                         "recent batches weighing most: without workers, how much of making a batch is CPU work; "
-                         "nil before the first batch"))
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(Header):
     """A rank introduces itself when it attaches, and again every few seconds: who it is, and in which job.
 
     ``job``, ``master``, ``restart`` and ``started_ns`` say which job, which incarnation of it and which process:
@@ -138,8 +97,6 @@ class Hello:
     KIND: ClassVar[str] = "hello"
     WHEN: ClassVar[str] = "at attach, 0.2 s and 0.7 s later, then every 2 s"
 
-    seq: int = field(metadata=SEQ)
-    rank: int = field(metadata=RANK)
     world: int = field(metadata=wire(Int(1, MAX_RANKS), "ranks in the job; `rank` is below it",
                                      check=_rank_below_world))
     local_rank: int = field(metadata=wire(Int(0, MAX_RANKS), "the rank's index on its host"))
@@ -171,14 +128,12 @@ class Hello:
 
 
 @dataclass(frozen=True, slots=True)
-class IterationBatch:
+class IterationBatch(Header):
     """All events of one rank for one iteration: one message per rank per iteration."""
 
     KIND: ClassVar[str] = "iter"
     WHEN: ClassVar[str] = "when `optimizer.step()` returns: all events of that iteration on this rank"
 
-    seq: int = field(metadata=SEQ)
-    rank: int = field(metadata=RANK)
     iteration: int = field(metadata=wire(Int(), "the iteration, counted from 0 on each rank", key="it"))
     events: Sequence[Event] = field(metadata=wire(COLUMNS, "the iteration's tasks, not sorted", key="ev"))
     """Decoded frames carry :class:`EventColumns`; any sequence of events encodes."""
@@ -188,49 +143,12 @@ class IterationBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class Bucket:
-    """One DDP gradient bucket: what an all-reduce carries."""
-
-    index: int
-    bytes: int
-    parameters: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BucketList(FieldType):
-    """A rank's buckets: a list of ``[index, bytes, [parameter names]]``."""
-
-    def decode(self, value: Any, key: str, where: str) -> tuple[Bucket, ...]:
-        if not isinstance(value, list):
-            raise WireError(f"field {key!r} must be a list")
-        buckets = []
-        for i, b in enumerate(value):
-            if not (isinstance(b, list) and len(b) == 3 and isinstance(b[2], list)):
-                raise WireError(f"bucket {i} must be [index, bytes, [parameter names]]")
-            index, size, names = b
-            if type(index) is not int or type(size) is not int or index < 0 or size < 0:
-                raise WireError(f"bucket {i}: index and bytes must be non-negative integers")
-            if not all(isinstance(n, str) and len(n) <= MAX_NAME_CHARS for n in names):
-                raise WireError(f"bucket {i}: parameter names must be strings")
-            buckets.append(Bucket(index, size, tuple(names)))
-        return tuple(buckets)
-
-    def encode(self, value: Any) -> list[list[Any]]:
-        return [[b.index, b.bytes, list(b.parameters)] for b in value]
-
-    def describe(self) -> str:
-        return "list of `[index, bytes, [parameter names]]`"
-
-
-@dataclass(frozen=True, slots=True)
-class Buckets:
+class Buckets(Header):
     """The bucket to parameters map of one rank, sent when first known and again whenever DDP rebuilds its buckets."""
 
     KIND: ClassVar[str] = "buckets"
     WHEN: ClassVar[str] = "after iteration 1; again when DDP rebuilds its buckets, and after every hello"
 
-    seq: int = field(metadata=SEQ)
-    rank: int = field(metadata=RANK)
     buckets: tuple[Bucket, ...] = field(metadata=wire(BucketList(), "per bucket index: its bytes and its "
                                                                     "parameters' names, in bucket order"))
     sender: int = field(default=0, metadata=SENDER)
@@ -241,59 +159,12 @@ class Buckets:
 
 
 @dataclass(frozen=True, slots=True)
-class Bye:
-    """A rank detaches cleanly."""
-
-    KIND: ClassVar[str] = "bye"
-    WHEN: ClassVar[str] = "on `tracer.close()` (also at interpreter exit)"
-
-    seq: int = field(metadata=SEQ)
-    rank: int = field(metadata=RANK)
-    iterations: int = field(metadata=wire(Int(), "iteration frames published"))
-    dropped: int = field(metadata=DROPPED)
-    dropped_queue: int = field(default=0, metadata=DROPPED_QUEUE)
-    sender: int = field(default=0, metadata=SENDER)
-
-
-@dataclass(frozen=True, slots=True)
-class HostStats:
-    """Host-wide figures of a rank's machine; None where the host does not offer one (no /proc)."""
-
-    cpu_percent: float | None = field(metadata=wire(
-        OptFloat(100.0), "busy share of all CPUs since the previous sample, in %", key="cpu"))
-    cpus: int | None = field(metadata=wire(OptInt(1, MAX_RANKS), "CPU count"))
-    mem_used: int | None = field(metadata=wire(OptInt(), "bytes: `MemTotal` − `MemAvailable`"))
-    mem_total: int | None = field(metadata=wire(
-        OptInt(), "bytes: `MemTotal`, the host's (not a container's limit); not below `mem_used`",
-        check=_used_within_total))
-
-
-@dataclass(frozen=True, slots=True)
-class GpuStats:
-    """The rank's own GPU as NVML reads it; None where the device does not support a figure."""
-
-    index: int = field(metadata=wire(
-        Int(0, 1 << 16), "NVML's index on its host: the number `nvidia-smi` shows, whatever "
-                         "CUDA_VISIBLE_DEVICES says"))
-    name: str = field(metadata=wire(Str(MAX_NAME_CHARS), "the device's name, as NVML gives it"))
-    util_percent: float | None = field(metadata=wire(OptFloat(100.0), "utilisation, in %", key="util"))
-    mem_used: int | None = field(metadata=wire(OptInt(), "bytes"))
-    mem_total: int | None = field(metadata=wire(OptInt(), "bytes; not below `mem_used`", check=_used_within_total))
-    pcie_tx: float | None = field(metadata=wire(
-        OptFloat(MAX_RATE), "bytes per second the GPU sent over PCIe (NVML samples a 20 ms window)"))
-    pcie_rx: float | None = field(metadata=wire(OptFloat(MAX_RATE), "bytes per second the GPU received"))
-    power_w: float | None = field(metadata=wire(OptFloat(MAX_RATE), "watts"))
-
-
-@dataclass(frozen=True, slots=True)
-class Telemetry:
+class Telemetry(Header):
     """One rank's sample of its host and its GPU, sent about every 2 s."""
 
     KIND: ClassVar[str] = "telemetry"
     WHEN: ClassVar[str] = "about 1 s after attach, then every 2 s: the rank's host and GPU"
 
-    seq: int = field(metadata=SEQ)
-    rank: int = field(metadata=RANK)
     host: str = field(metadata=wire(Str(MAX_NAME_CHARS), "`socket.gethostname()`, as in `hello`"))
     local_rank: int = field(metadata=wire(Int(0, MAX_RANKS), "the rank's index on its host"))
     mono_ns: int = field(metadata=wire(Int(), "the rank's `perf_counter_ns()` when it sampled"))
@@ -309,14 +180,12 @@ class Telemetry:
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Heartbeat(Header):
     """Where a rank is now: the task it has open and for how long. A rank that stops sending these is silent."""
 
     KIND: ClassVar[str] = "heartbeat"
     WHEN: ClassVar[str] = "about every second, from the publisher thread: even while training is stuck"
 
-    seq: int = field(metadata=SEQ)
-    rank: int = field(metadata=RANK)
     iteration: int = field(metadata=wire(Int(), "the iteration under way, counted from 0 on each rank", key="it"))
     task: str = field(metadata=wire(Text(MAX_NAME_CHARS), "the task open now (started, not ended): `all-reduce "
                                                           "bucket 7`, `forward layers.11`, `backward layers.3`, "
@@ -335,6 +204,19 @@ class Heartbeat:
                                                  "task); a monitor takes a value it does not know for 0", key="st"))
 
 
+@dataclass(frozen=True, slots=True)
+class Bye(Header):
+    """A rank detaches cleanly."""
+
+    KIND: ClassVar[str] = "bye"
+    WHEN: ClassVar[str] = "on `tracer.close()` (also at interpreter exit)"
+
+    iterations: int = field(metadata=wire(Int(), "iteration frames published"))
+    dropped: int = field(metadata=DROPPED)
+    dropped_queue: int = field(default=0, metadata=DROPPED_QUEUE)
+    sender: int = field(default=0, metadata=SENDER)
+
+
 Frame = Hello | IterationBatch | Buckets | Bye | Telemetry | Heartbeat
 
 FRAMES: Final[tuple[type[Frame], ...]] = (Hello, IterationBatch, Buckets, Bye, Telemetry, Heartbeat)
@@ -345,10 +227,8 @@ _BY_KIND: Final[dict[str, Layout]] = {cls.KIND: _LAYOUT[cls] for cls in FRAMES}
 _ITER_V1: Final = Layout(IterationBatch, tuple(dataclasses.replace(f, type=EVENTS) if f.type is COLUMNS else f
                                                for f in _LAYOUT[IterationBatch].fields))
 """How version 1 laid out an ``iter`` frame: the same keys, the events as rows."""
-_HEADER: Final = _LAYOUT[Hello].fields[:2]
+_HEADER: Final = layout_of(Header).fields
 """``seq`` and ``rank``: every frame opens with them, after ``v`` and ``k``."""
-if any(layout.fields[:2] != _HEADER for layout in _LAYOUT.values()):
-    raise TypeError("every frame must open with the same seq and rank fields")
 _ITER: Final = _LAYOUT[IterationBatch]
 # encode_iteration's keys, from the layout; unpacking fails at import if the frame gains or loses a field.
 _SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER = (f.key for f in _LAYOUT[IterationBatch])

@@ -23,6 +23,7 @@ from dagtop.model.snapshot import Snapshot
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from dagtop.model.verdict import WINDOW
 from instrument import wire
+from instrument.wire_fields import Bucket, HostStats, Loader
 
 MB = 1 << 20
 
@@ -101,7 +102,7 @@ def test_per_bucket_limits_rebuild_the_groups() -> None:
 
 
 def test_a_layout_maps_each_parameter_to_its_longest_timed_unit() -> None:
-    frame = wire.Buckets(0, 0, (wire.Bucket(1, 12, ("layers.1.w", "head.b")), wire.Bucket(0, 4, ("layers.10.w",))),
+    frame = wire.Buckets(0, 0, (Bucket(1, 12, ("layers.1.w", "head.b")), Bucket(0, 4, ("layers.10.w",))),
                          parameter_bytes=((8, 4), (4,)))
     layout = Layout.of(frame, ["layers.1", "layers.10", "layers", "head"])
     assert layout is not None
@@ -170,7 +171,7 @@ def test_nothing_is_advised_when_the_replay_misses_the_measurement() -> None:
 
 def test_the_loader_advice_from_the_fetch_time_and_the_step_without_it() -> None:
     """No workers, 25 ms to load a batch, the rest of the step ~30 ms: one worker hides it."""
-    loader = wire.Loader(0, 32, 500, None, 0, 0, wait_cpu_permille=100)
+    loader = Loader(0, 32, 500, None, 0, 0, wait_cpu_permille=100)
     job = SyntheticJob(io_ms=25.0, forward_ms=10, backward_ms=15, loader=loader, jitter=0.01)
     advice = advise_snapshot(run(job))
     c = next(c for c in advice.fixes if c.kind is Kind.LOADER)
@@ -202,11 +203,11 @@ def test_the_fit_tells_latency_from_the_stretch_under_the_backward() -> None:
 def test_workers_without_a_spare_core_add_their_cpu_work_to_the_step() -> None:
     """One core per rank: a worker's CPU work lands on the training core. A batch that is 40 % CPU work (10 of 25
     ms) costs the step those 10 ms; where making it is all CPU work, workers gain nothing and are not advised."""
-    def loader(permille: int) -> wire.Loader:
-        return wire.Loader(0, 32, 500, None, 0, 0, wait_cpu_permille=permille)
+    def loader(permille: int) -> Loader:
+        return Loader(0, 32, 500, None, 0, 0, wait_cpu_permille=permille)
 
     job = SyntheticJob(io_ms=25.0, forward_ms=10, backward_ms=15, loader=loader(400), jitter=0.01)
-    one_core = [wire.Telemetry(0, 0, "h", 0, 0, wire.HostStats(50.0, 2, 1, 2), None)]
+    one_core = [wire.Telemetry(0, 0, "h", 0, 0, HostStats(50.0, 2, 1, 2), None)]
     snap = run(job)
     ranks = [dataclasses.replace(r, host="h") for r in snap.ranks]
     advice = advise(snap.iterations, ranks, snap.buckets, one_core)

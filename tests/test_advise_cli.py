@@ -17,6 +17,7 @@ from dagtop.io.folded import load
 from dagtop.model.cost import CostTerms
 from instrument import wire
 from instrument.loader import describe_loader
+from instrument.wire_fields import Bucket, Loader
 
 FIXTURES = Path(__file__).resolve().parents[1] / "dagtop" / "fixtures"
 ADVICE = FIXTURES / "demo-advice.dagtop"
@@ -109,7 +110,7 @@ def test_prometheus_has_each_advised_change_and_the_epochs_cost() -> None:
 
 
 def test_parameter_sizes_travel_with_the_bucket_map_and_are_checked() -> None:
-    buckets = (wire.Bucket(0, 12, ("a", "b")), wire.Bucket(1, 4, ("c",)))
+    buckets = (Bucket(0, 12, ("a", "b")), Bucket(1, 4, ("c",)))
     frame = wire.Buckets(3, 1, buckets, parameter_bytes=((8, 4), (4,)))
     assert wire.decode(wire.encode(frame)) == frame
     older = wire.Buckets(3, 1, buckets)
@@ -124,7 +125,7 @@ def test_a_hello_carries_the_dataloaders_settings_once_known() -> None:
     torch = pytest.importorskip("torch")
     data = torch.utils.data.TensorDataset(torch.zeros(100, 2))
     loader = describe_loader(torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True))
-    assert loader == wire.Loader(workers=2, batch_size=8, batches=13, prefetch_factor=2, pin_memory=0,
+    assert loader == Loader(workers=2, batch_size=8, batches=13, prefetch_factor=2, pin_memory=0,
                                  persistent_workers=1)
     said = hello(0, 2, loader=loader)
     assert wire.decode(wire.encode(said)) == said

@@ -13,9 +13,9 @@ from dagtop.model.advice import Advice, Candidate, Kind
 from dagtop.model.change import Change
 from dagtop.model.cost import CostTerms, Epoch, epoch_cost, epoch_of, fix_or_buy, scaled, waste
 from dagtop.model.snapshot import Segment, WhatIf
-from instrument import wire
+from instrument.wire_fields import Loader
 
-LOADER = wire.Loader(workers=0, batch_size=32, batches=500, prefetch_factor=None, pin_memory=0, persistent_workers=0)
+LOADER = Loader(workers=0, batch_size=32, batches=500, prefetch_factor=None, pin_memory=0, persistent_workers=0)
 
 
 def test_doctests() -> None:

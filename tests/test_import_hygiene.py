@@ -48,7 +48,8 @@ def test_the_schema_loads_without_the_shims_machinery() -> None:
             or m in {"instrument.tracer", "instrument.publisher", "instrument.timing", "instrument.telemetry"}}
     assert not shim, sorted(shim)
     assert {m for m in loaded if m.startswith("instrument")} == {
-        "instrument", "instrument.events", "instrument.schema", "instrument.wire", "instrument.wire_events"}
+        "instrument", "instrument.events", "instrument.schema", "instrument.wire", "instrument.wire_events",
+        "instrument.wire_fields"}
     assert not {m for m in loaded if m.split(".")[0] in _MONITOR_ONLY}
 
 

@@ -20,6 +20,7 @@ from instrument import publisher as publisher_module
 from instrument import wire
 from instrument.events import TaskState
 from instrument.publisher import Publisher
+from instrument.wire_fields import HostStats
 
 
 def _hello(seq: int) -> wire.Hello:
@@ -40,7 +41,7 @@ def test_an_idle_publisher_sleeps_and_a_hand_over_wakes_it(collector: Any, endpo
         now = time.perf_counter_ns()
         publisher.put_iteration(0, [("compute", "update", "optimizer.step", "main", now, now + 5, 0)])
         collector.wait_for(lambda frames: any(isinstance(f, wire.IterationBatch) for f in frames), "the iteration")
-        telemetry = wire.Telemetry(0, 0, "h", 0, now, wire.HostStats(1.0, 2, 3, 4), None)
+        telemetry = wire.Telemetry(0, 0, "h", 0, now, HostStats(1.0, 2, 3, 4), None)
         publisher.put_telemetry(telemetry)
         collector.wait_for(lambda frames: any(isinstance(f, wire.Telemetry) for f in frames), "the telemetry")
     finally:

@@ -36,6 +36,7 @@ from dagtop.ui.app import make_app
 from dagtop.ui.renderables.telemetry import nodes_text, panel_text, panel_title
 from dagtop.ui.widgets.telemetry import Telemetry
 from instrument import wire
+from instrument.wire_fields import GpuStats, HostStats
 
 
 def test_without_nvml_the_sampler_says_why_and_still_samples_the_host() -> None:
@@ -139,8 +140,8 @@ def _sample(rank: int, host: str = JOB_HOST, local_rank: int | None = None, util
     local = rank if local_rank is None else local_rank
     return wire.Telemetry(
         0, rank, host, local, 1,
-        wire.HostStats(37.0, 96, 300 * GIB, 2000 * GIB) if local == 0 else None,
-        wire.GpuStats(local, "NVIDIA H100 80GB HBM3", util, 31 * GIB, 80 * GIB, 1.2e9, 3.4e9, 250.0) if gpu else None,
+        HostStats(37.0, 96, 300 * GIB, 2000 * GIB) if local == 0 else None,
+        GpuStats(local, "NVIDIA H100 80GB HBM3", util, 31 * GIB, 80 * GIB, 1.2e9, 3.4e9, 250.0) if gpu else None,
         note)
 
 

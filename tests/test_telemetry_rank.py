@@ -15,6 +15,7 @@ from test_telemetry import GIB, _FakeNvml
 
 from instrument import telemetry as shim
 from instrument import wire
+from instrument.wire_fields import GpuStats, HostStats
 
 # ----------------------------------------------------------------- in the rank: /proc, NVML, the thread
 
@@ -69,7 +70,7 @@ def test_gpu_probe_finds_the_ranks_gpu_and_converts_nvml_units(monkeypatch: pyte
     probe = shim.GpuProbe(1, nvml=_RankNvml())
     assert probe.start() == "" and probe.index == 2  # CUDA's device 1 is the host's GPU 2
     stats = probe.sample()
-    assert stats == wire.GpuStats(2, "NVIDIA H100", 88.0, GIB, 80 * GIB, 1000 * 1024.0, 2000 * 1024.0, None)
+    assert stats == GpuStats(2, "NVIDIA H100", 88.0, GIB, 80 * GIB, 1000 * 1024.0, 2000 * 1024.0, None)
     sent = wire.decode(wire.encode(wire.Telemetry(0, 1, "h", 1, 1, None, stats)))
     assert isinstance(sent, wire.Telemetry) and sent.gpu == stats
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd")
@@ -118,7 +119,7 @@ def test_the_thread_samples_host_wide_figures_on_local_rank_0_only(tmp_path: Pat
 
 def test_a_failing_probe_stops_telemetry_quietly(recwarn: pytest.WarningsRecorder) -> None:
     class Broken(shim.HostProbe):
-        def sample(self) -> wire.HostStats | None:
+        def sample(self) -> HostStats | None:
             raise PermissionError("/proc/stat")
 
     got: list[wire.Telemetry] = []

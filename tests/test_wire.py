@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument import wire
+from instrument import wire, wire_fields
+from instrument.wire_fields import MAX_NAME_CHARS, Bucket, GpuStats, HostStats
 
 HELLO = wire.Hello(3, 1, 2, 1, "node7", 4242, "cpu", "2.13.0", "DemoNet", 123_456, "block", 1_700_000_000_000_000_000, 5)
 EVENTS = (
@@ -34,7 +35,7 @@ _MISSING = object()
         HELLO,
         wire.IterationBatch(7, 1, 41, EVENTS, 2),
         wire.IterationBatch(0, 0, 0, (), 0),
-        wire.Buckets(1, 0, (wire.Bucket(0, 150_568, ("head.weight", "head.bias")), wire.Bucket(1, 4, ()))),
+        wire.Buckets(1, 0, (Bucket(0, 150_568, ("head.weight", "head.bias")), Bucket(1, 4, ()))),
         wire.Bye(9, 1, 41, 3),
     ],
 )
@@ -172,7 +173,7 @@ def _event_rows(draw: st.DrawFn) -> list[list[object]]:
 def test_the_column_checks_accept_exactly_what_the_event_schema_accepts(rows: list[list[object]]) -> None:
     """The decoder validates a frame's events a column at a time; the per-event check is the schema."""
     try:
-        expected = tuple(wire._event(row, i) for i, row in enumerate(rows))
+        expected = tuple(wire_fields.EVENTS.check_row(row, i) for i, row in enumerate(rows))
     except wire.WireError as exc:
         with pytest.raises(wire.WireError, match=re.escape(str(exc))):
             wire.decode(_frame(ev=rows))
@@ -184,7 +185,7 @@ def test_the_column_checks_accept_exactly_what_the_event_schema_accepts(rows: li
 _SPOILERS = {
     0: ["disk", 7, None, ["io"]],
     1: ["nap", 7, None],
-    2: [7, None, "x" * (wire.MAX_NAME_CHARS + 1), ["n"]],
+    2: [7, None, "x" * (MAX_NAME_CHARS + 1), ["n"]],
     3: ["tpu", 0, None],
     4: [-1, 2**63, 2**64 - 1, True, 1.5, "1", None, 300],  # 300: after the end
     5: [-1, 2**63, True, 1.5, "1", 50],  # 50: before the start
@@ -198,10 +199,10 @@ def test_every_spoiled_field_is_refused_as_the_event_schema_says(field: int, val
     spoiled = list(good)
     spoiled[field] = value
     with pytest.raises(wire.WireError) as schema:
-        wire._event(spoiled, 1)
+        wire_fields.EVENTS.check_row(spoiled, 1)
     with pytest.raises(wire.WireError, match=re.escape(str(schema.value))):
         wire.decode(_frame(ev=[good, spoiled, good]))
-    edge = ["compute", "forward", "x" * wire.MAX_NAME_CHARS, "comm", 0, 2**63 - 1, 2**63 - 1]
+    edge = ["compute", "forward", "x" * MAX_NAME_CHARS, "comm", 0, 2**63 - 1, 2**63 - 1]
     assert wire.decode(_frame(ev=[good, edge])).events[1] == wire.Event(*edge)  # type: ignore[union-attr]
 
 
@@ -210,8 +211,8 @@ def test_every_spoiled_field_is_refused_as_the_event_schema_says(field: int, val
 GIB = 2**30
 TELEMETRY = wire.Telemetry(
     12, 3, "gpu-node-7", 3, 99_000,
-    wire.HostStats(37.5, 96, 300 * GIB, 2000 * GIB),
-    wire.GpuStats(3, "NVIDIA H100 80GB HBM3", 97.0, 31 * GIB, 80 * GIB, 1.2e9, 3.4e9, 251.5),
+    HostStats(37.5, 96, 300 * GIB, 2000 * GIB),
+    GpuStats(3, "NVIDIA H100 80GB HBM3", 97.0, 31 * GIB, 80 * GIB, 1.2e9, 3.4e9, 251.5),
 )
 
 
@@ -220,8 +221,8 @@ TELEMETRY = wire.Telemetry(
     [
         TELEMETRY,
         wire.Telemetry(0, 1, "cpu-box", 1, 5, None, None, "on CPU"),
-        wire.Telemetry(4, 0, "n", 0, 5, wire.HostStats(None, None, None, None),
-                       wire.GpuStats(0, "", None, None, None, None, None, None),
+        wire.Telemetry(4, 0, "n", 0, 5, HostStats(None, None, None, None),
+                       GpuStats(0, "", None, None, None, None, None, None),
                        "no GPU figures: NVML library not found"),
     ],
 )

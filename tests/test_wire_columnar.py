@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from instrument import wire
+from instrument.wire_fields import COLUMNS
 
 EVENTS = [
     ("io", "load", "next", "main", 10, 20, 0),
@@ -22,7 +23,7 @@ EVENTS = [
 
 
 def _columns(**spoiled: Any) -> dict[str, Any]:
-    columns = wire.COLUMNS.encode(EVENTS)
+    columns = COLUMNS.encode(EVENTS)
     columns.update(spoiled)
     return columns
 
@@ -46,7 +47,7 @@ def test_the_shim_sends_version_2_and_both_versions_decode_to_the_same_frame() -
 
 
 def test_names_travel_once_each() -> None:
-    columns = wire.COLUMNS.encode(EVENTS)
+    columns = COLUMNS.encode(EVENTS)
     assert columns["names"] == ["next", "bucket 0", "layer1"] and columns["n"] == 4
     assert len(columns["name"]) == 4 * 4 and len(columns["start"]) == 4 * 8
 

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from dagtop.io.recording import read_recording
 from instrument import wire
-from instrument.schema import Int, Str, layout_of
+from instrument.schema import Field, Int, Str, layout_of
 from instrument.wire_docs import markdown
 from instrument.wire_events import Count, EventList
+from instrument.wire_fields import EVENTS, Bucket, GpuStats, HostStats, Loader
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "wire.md"
@@ -44,12 +45,12 @@ def test_every_documented_key_is_one_the_codec_writes() -> None:
     """Each frame's table lists exactly the keys its encoder writes, in their order on the wire."""
     frames = [  # every field added after the fact set, or it is left off the wire
         wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "1 block: M", "run", "m:1", 1, 1, 7,
-                   wire.Loader(2, 32, 100, 2, 1, 0)),
+                   Loader(2, 32, 100, 2, 1, 0)),
         wire.IterationBatch(0, 0, 0, (), 0, 1, 7),
-        wire.Buckets(0, 0, (wire.Bucket(0, 8, ("a", "b")),), 7, ((4, 4),)),
+        wire.Buckets(0, 0, (Bucket(0, 8, ("a", "b")),), 7, ((4, 4),)),
         wire.Bye(0, 0, 0, 0, 1, 7),
-        wire.Telemetry(0, 0, "h", 0, 0, wire.HostStats(None, None, None, None),
-                       wire.GpuStats(0, "g", None, None, None, None, None, None), sender=7),
+        wire.Telemetry(0, 0, "h", 0, 0, HostStats(None, None, None, None),
+                       GpuStats(0, "g", None, None, None, None, None, None), sender=7),
         wire.Heartbeat(0, 0, 0, "", 0, 1, 7, 1),
     ]
     docs = markdown()
@@ -96,8 +97,8 @@ def test_bye_and_telemetry_keep_their_keys_in_their_order() -> None:
     """The kinds no recording holds, against maps written out by hand."""
     assert wire.encode(wire.Bye(9, 1, 41, 3)) == msgpack.packb(
         {"v": 2, "k": "bye", "seq": 9, "rank": 1, "iterations": 41, "dropped": 3})
-    telemetry = wire.Telemetry(12, 3, "n7", 3, 99, wire.HostStats(37.5, 96, 3, 20),
-                               wire.GpuStats(3, "H100", 97.0, 31, 80, 1.2e9, None, 251.5), "note")
+    telemetry = wire.Telemetry(12, 3, "n7", 3, 99, HostStats(37.5, 96, 3, 20),
+                               GpuStats(3, "H100", 97.0, 31, 80, 1.2e9, None, 251.5), "note")
     assert wire.encode(telemetry) == msgpack.packb(
         {"v": 2, "k": "telemetry", "seq": 12, "rank": 3, "host": "n7", "local_rank": 3, "mono_ns": 99, "note": "note",
          "hw": {"cpu": 37.5, "cpus": 96, "mem_used": 3, "mem_total": 20},
@@ -127,9 +128,11 @@ def test_the_shims_iteration_encoder_writes_what_the_frame_encoder_writes(
 
 
 def test_a_field_without_its_wire_description_is_refused() -> None:
+    count = {"wire": Field(Int(), "a count")}
+
     @dataclasses.dataclass(frozen=True)
     class Undescribed:
-        seq: int = dataclasses.field(metadata={"wire": wire.SEQ["wire"]})
+        seq: int = dataclasses.field(metadata=count)
         secret: int = 0
 
     with pytest.raises(TypeError, match="Undescribed.secret has no wire metadata"):
@@ -137,16 +140,16 @@ def test_a_field_without_its_wire_description_is_refused() -> None:
 
     @dataclasses.dataclass(frozen=True)
     class Misplaced:
-        a: int = dataclasses.field(metadata={"wire": wire.SEQ["wire"]})
+        a: int = dataclasses.field(metadata=count)
         b: str = dataclasses.field(default="", metadata={"wire": dataclasses.replace(
-            wire.SEQ["wire"], type=Str(3), after="nowhere")})
+            count["wire"], type=Str(3), after="nowhere")})
 
     with pytest.raises(TypeError, match="no key 'nowhere'"):
         layout_of(Misplaced)
 
 
 def test_the_event_row_is_held_to_the_fields_its_fast_path_unpacks() -> None:
-    row = wire.EVENTS.row
+    row = EVENTS.row
     with pytest.raises(TypeError, match="teach it any change"):
         EventList(10, (*row[:6], Int()))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="teach it any change"):

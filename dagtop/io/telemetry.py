@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from instrument import wire
+from instrument.wire_fields import GpuStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,7 @@ def job_nodes(telemetry: Sequence[wire.Telemetry]) -> tuple[Node, ...]:
         ranks = sorted(hosts[hostname], key=lambda t: (t.local_rank, t.rank))
         hw = next((t.host_stats for t in ranks if t.host_stats is not None), None)
         host = None if hw is None else HostSample(hostname, hw.cpu_percent, hw.cpus, hw.mem_used, hw.mem_total)
-        on_gpu: dict[int, tuple[wire.GpuStats, list[int]]] = {}
+        on_gpu: dict[int, tuple[GpuStats, list[int]]] = {}
         without: dict[str, list[int]] = {}
         for t in ranks:
             if t.gpu is not None:

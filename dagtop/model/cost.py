@@ -25,7 +25,7 @@ from dagtop.model.analysis import segments_ms
 from dagtop.model.change import Change
 from dagtop.model.snapshot import IterationAnalysis, RankInfo
 from dagtop.model.verdict import counts
-from instrument.wire import Loader
+from instrument.wire_fields import Loader
 
 
 @dataclass(frozen=True, slots=True)

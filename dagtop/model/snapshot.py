@@ -15,7 +15,8 @@ from dagtop.model.change import Change
 from dagtop.model.jobs import Losses, RunInfo
 from dagtop.model.liveness import LivenessView
 from dagtop.model.tasks import Tasks
-from instrument.wire import Buckets, Loader, Telemetry
+from instrument.wire import Buckets, Telemetry
+from instrument.wire_fields import Loader
 
 WARM_UP = 1
 """Iterations ``0 .. WARM_UP - 1`` are warm-up, not the job's steady state: DDP rebuilds its buckets after

@@ -18,6 +18,7 @@ from dagtop.model.buckets import ddp_buckets
 from dagtop.model.frames import RawFrame
 from instrument import wire
 from instrument.events import BACKWARD, COLLECTIVE, COPY, FORWARD, LOAD, UPDATE, RawEvent
+from instrument.wire_fields import Bucket, Loader
 
 _MS = 1_000_000
 
@@ -48,7 +49,7 @@ class SyntheticJob:
     ``bucket_bytes``: the buckets are DDP's for ``bucket_limits`` over the blocks in backward order, and every rank
     sends its bucket map after iteration 1."""
     bucket_limits: Sequence[int] = (1 << 20, 25 << 20)
-    loader: wire.Loader | None = None
+    loader: Loader | None = None
     """The DataLoader the hellos describe."""
 
 
@@ -94,7 +95,7 @@ def synthetic_frames(
         bucket_of_block = {b: owner[i] for i, b in enumerate(backward)}
         sizes = [sum(job.block_bytes[b] for b in range(job.blocks) if bucket_of_block[b] == k) for k in range(len(counts))]
         names = [tuple(f"{blocks[b]}.weight" for b in backward if bucket_of_block[b] == k) for k in range(len(counts))]
-        bucket_map = wire.Buckets(0, 0, tuple(wire.Bucket(k, sizes[k], names[k]) for k in range(len(counts))),
+        bucket_map = wire.Buckets(0, 0, tuple(Bucket(k, sizes[k], names[k]) for k in range(len(counts))),
                                   parameter_bytes=tuple(tuple(job.block_bytes[b] for b in backward
                                                               if bucket_of_block[b] == k) for k in range(len(counts))))
 
