@@ -119,6 +119,11 @@ class Completion:
             self._admission.reject(f"iteration {it} of rank {r} came after the monitor had let the iteration go "
                                    "(past what it keeps open to late frames)")
             return
+        if it not in self._pending:
+            # A new iteration begins: analyse what is complete before it now, not once the whole batch is in (a
+            # recording folded at once, a replay at full speed): the ranks' previous update ends, where each
+            # iteration's measured time starts, are kept for the last few iterations only.
+            self.settle(raw.received_ns)
         self._pending.setdefault(it, {})[r] = frame.events
         self._first_received.setdefault(it, raw.received_ns)
         self._pending_bytes[it] = self._pending_bytes.get(it, 0) + len(raw.payload)

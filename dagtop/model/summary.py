@@ -61,7 +61,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
         "rank": named.rank, "category": named.category, "excess_ms": named.excess_ms,
         "excess_range_ms": list(named.excess_range_ms), "busy_excess_ms": named.busy_excess_ms,
         "above": named.above, "iterations": named.iterations, "p_value": named.p_value}
-    what_if = _what_ifs(complete, named.rank if named is not None else None)
+    what_if = _what_ifs(complete, named.rank if named is not None else None, predicted)
     network = next((a.network for a in reversed(complete) if a.network is not None), None)
     return {
         "ranks": max(len(a.ranks) for a in complete),
@@ -99,11 +99,12 @@ def _finite(x: float) -> float | None:
 
 
 def collectives(analyses: Sequence[IterationAnalysis]) -> list[dict[str, Any]]:
-    """Each collective by name over the complete analyses (the report's ``collectives``): its bytes, in how many
+    """Each collective by name over the complete analyses, stalled ones out (the report's ``collectives``): its bytes, in how many
     iterations it ran, its median duration (latest ready to end) and its share of the critical path (time-weighted
     as ``critical_path``), the largest share first. A DDP bucket is ``bucket N``; FSDP's are ``all-gather <unit>``,
     ``all-gather <unit> (backward)`` and ``reduce-scatter <unit>`` (instrument/fsdp.py)."""
     complete = [a for a in analyses if a.complete] or list(analyses)
+    complete = [a for a in complete if not a.stalled] or complete  # a stall's collectives waited for it
     path_ms = sum(s.duration_ms for a in complete for s in a.critical_path)
     seen: dict[str, dict[str, Any]] = {}
     for a in complete:
@@ -119,13 +120,17 @@ def collectives(analyses: Sequence[IterationAnalysis]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (-r["critical_path"], -r["median_ms"], r["name"]))
 
 
-def _what_ifs(analyses: Sequence[IterationAnalysis], straggler: int | None) -> list[dict[str, Any]]:
-    """Each change's median prediction and the model's own median over **the same iterations** (its speedup is one
-    over the other), in the order the changes first appear.
+def _what_ifs(analyses: Sequence[IterationAnalysis], straggler: int | None, base: float) -> list[dict[str, Any]]:
+    """Each change's speedup, and the iteration time it predicts on ``base`` (the model's median over the steady
+    iterations: the same for every change), in the order the changes first appear.
 
-    'straggler at median' is taken from the iterations that replayed it for the report's straggler; a change with
-    bounds from the iterations that have them, so that the point lies within its bounds. A change the last
-    iteration could not predict is reported as such, with its reason, and no figure.
+    The speedup is the model's own median over the iterations that replayed the change over their median with it
+    (the same iterations on both sides). 'straggler at median' is taken from the iterations that replayed it for the
+    report's straggler; a change with bounds from the iterations that have them, so that the point lies within its
+    bounds. Those can be a part of the range only (the fit's β not identified yet, the straggler named late), whose
+    own median may be another step than the range's (a job that changed speed): read against that, two changes
+    would not be comparable, so each is applied to ``base``. A change the last iteration could not predict is
+    reported as such, with its reason, and no figure.
     """
     by_change: dict[Change, list[tuple[IterationAnalysis, WhatIf]]] = {}
     for a in analyses:
@@ -145,15 +150,16 @@ def _what_ifs(analyses: Sequence[IterationAnalysis], straggler: int | None) -> l
         if any(w.bounds_ms is not None for _, w in seen):
             seen = [(a, w) for a, w in seen if w.bounds_ms is not None]
         ms = statistics.median(w.iteration_ms for _, w in seen)
-        base = statistics.median(a.predicted_ms for a, _ in seen)
-        speedup = base / ms if ms > 0 else None
-        entry.update({"iteration_ms": ms, "base_ms": base, "speedup": speedup,
+        own = statistics.median(a.predicted_ms for a, _ in seen)
+        speedup = own / ms if ms > 0 else None
+        scale = base / own if own > 0 else 1.0  # the change's figures on the common base
+        entry.update({"iteration_ms": ms * scale, "base_ms": base, "speedup": speedup,
                       "throughput": speedup * change.workers if speedup is not None else None,
                       "iterations": len(seen)})
         bounds = [w.bounds_ms for _, w in seen if w.bounds_ms is not None]
         if bounds:
-            entry["iteration_ms_bounds"] = [statistics.median(lo for lo, _ in bounds),
-                                            statistics.median(hi for _, hi in bounds)]
+            entry["iteration_ms_bounds"] = [statistics.median(lo for lo, _ in bounds) * scale,
+                                            statistics.median(hi for _, hi in bounds) * scale]
         if last.bandwidth_gbps is not None:
             entry["bandwidth_gbps"] = last.bandwidth_gbps  # the last: it follows the fit as the run goes
         if last.rank is not None:
