@@ -48,7 +48,11 @@ def test_advise_json_is_the_reports_advice(capsys: pytest.CaptureFixture[str]) -
     # The epoch from the DataLoader's own length, priced: the fix costs less than now by its throughput.
     assert advice["epoch"]["source"].startswith("the DataLoader's length")
     assert best["epoch"]["dollars"] == pytest.approx(advice["now"]["dollars"] / best["throughput"])
-    assert set(advice["waste"]) == {"iterations", "gpu_hours", "communication", "loading", "straggler"}
+    assert set(advice["waste"]) == {"iterations", "gpu_hours", "communication", "loading", "straggler",
+                                    "straggler_lower_bound"}
+    # A loader that waits is no lower bound (tests/test_advice_lower_bound.py has one that is).
+    assert best["lower_bound"] is None and best["epoch"]["at_most"] is False
+    assert advice["waste"]["straggler_lower_bound"] is None
 
 
 def test_the_straggler_advised_is_the_reports_with_its_what_if(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,13 +14,23 @@ from typing import Any, TextIO
 
 from dagtop.exits import Exit
 from dagtop.model.advice import Advice, Candidate
-from dagtop.model.advice_text import advice_of, candidate_rows, cost_rows, little_line, terms_of, waste_line
+from dagtop.model.advice_text import (
+    advice_of,
+    candidate_rows,
+    cost_rows,
+    little_line,
+    lower_bound_key,
+    lower_bound_lines,
+    terms_of,
+    waste_line,
+)
 from dagtop.model.buckets import totals
 from dagtop.model.cost import EpochCost, FixOrBuy
 
 
 def _cost(e: EpochCost | None) -> dict[str, Any] | None:
-    return None if e is None else {"hours": e.hours, "gpu_hours": e.gpu_hours, "dollars": e.dollars}
+    return None if e is None else {"hours": e.hours, "gpu_hours": e.gpu_hours, "dollars": e.dollars,
+                                   "at_most": e.at_most}
 
 
 def _candidate(c: Candidate, epoch: EpochCost | None) -> dict[str, Any]:
@@ -28,7 +38,7 @@ def _candidate(c: Candidate, epoch: EpochCost | None) -> dict[str, Any]:
             "step_ms": c.step_ms, "step_ms_range": list(c.range_ms) if c.range_ms else None, "speedup": c.speedup,
             "throughput": c.throughput, "workers": c.workers, "samples": c.samples, "efficiency": c.efficiency,
             "confidence": str(c.confidence), "doubt": c.doubt, "caveat": c.caveat, "evidence": c.evidence,
-            "epoch": _cost(epoch)}
+            "lower_bound": c.lower_bound or None, "epoch": _cost(epoch)}
 
 
 def advice_json(advice: Advice, priced: FixOrBuy) -> dict[str, Any]:
@@ -53,7 +63,8 @@ def advice_json(advice: Advice, priced: FixOrBuy) -> dict[str, Any]:
         "epoch_unknown": priced.unknown or None,
         "now": _cost(priced.now),
         "waste": {"iterations": w.iterations, "gpu_hours": w.gpu_hours, "communication": w.communication,
-                  "loading": w.loading, "straggler": w.straggler},
+                  "loading": w.loading, "straggler": w.straggler,
+                  "straggler_lower_bound": w.straggler_lower_bound or None},
         "buckets": None if model is None else {
             "now_bytes": totals(model.layout.sizes, model.layout.now), "default": model.default,
             "schedule_error": model.error,
@@ -79,6 +90,10 @@ def write_advice(advice: Advice, priced: FixOrBuy, out: TextIO, details: bool = 
         for row in (head, *rows):
             w("  " + "  ".join(cell.ljust(widths[i]) if i in (0, 4) else cell.rjust(widths[i])
                                 for i, cell in enumerate(row)).rstrip() + "\n")
+    if lower_bound_lines(advice):
+        w(f"  {lower_bound_key(advice)}\n")
+        for line in lower_bound_lines(advice):
+            w(f"    at least: {line}\n")
     if advice.little:
         w(f"  {little_line(advice)}\n")
     for c in advice.withheld:

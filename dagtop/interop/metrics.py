@@ -126,14 +126,17 @@ def advice_families(snap: Snapshot, terms: CostTerms) -> Iterator[Any]:
                              "now, per advised change (fixes and more workers)", labels=labels)
     step = GaugeMetricFamily("dagtop_advice_step_seconds", "The step time predicted with the change", labels=labels)
     best = GaugeMetricFamily("dagtop_advice_best", "1 for the change the advice puts first", labels=["kind", "change"])
+    bound = GaugeMetricFamily("dagtop_advice_lower_bound", "1 where the change's throughput ratio is only a lower "
+                              "bound (its step and epoch figures upper ones), 0 where it is a point", labels=labels)
     for c in (*advice.fixes, *advice.buys):
         if c.throughput is not None and c.step_ms is not None:
             key = [str(c.kind), c.title, str(c.confidence)]
             gain.add_metric(key, c.throughput)
             step.add_metric(key, c.step_ms / 1e3)
+            bound.add_metric(key, 1 if c.lower_bound else 0)
     if advice.best is not None:
         best.add_metric([str(advice.best.kind), advice.best.title], 1)
-    yield from (gain, step, best)
+    yield from (gain, step, best, bound)
     hours = GaugeMetricFamily("dagtop_epoch_gpu_hours", "GPU-hours per epoch now and with each change (needs the "
                               "epoch's length: --epoch-samples or the DataLoader's)", labels=["change"])
     dollars = GaugeMetricFamily("dagtop_epoch_cost_dollars", "Dollars per epoch now and with each change "

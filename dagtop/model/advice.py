@@ -82,8 +82,22 @@ class Advice:
                     f"(step {self.step_ms:.1f} ms)")
         assert best.step_ms is not None
         weigh = f" (with a caveat: nothing without one gains {MIN_GAIN * 100:.0f} %)" if best.caveat else ""
-        return (f"best change: {best.title} ({best.kind}): throughput {best.gain}, step {self.step_ms:.1f} → "
-                f"{best.step_ms:.1f} ms{weigh}")
+        if best.lower_bound:
+            gain = f"throughput at least {best.gain.lstrip('≥')}, step {self.step_ms:.1f} → {best.step_ms:.1f} ms or less"
+        else:
+            gain = f"throughput {best.gain}, step {self.step_ms:.1f} → {best.step_ms:.1f} ms"
+        more = self.may_gain_more()
+        beside = f"; {more[0].title} may gain more (at least {more[0].gain.lstrip('≥')})" if more else ""
+        return f"best change: {best.title} ({best.kind}): {gain}{weigh}{beside}"
+
+    def may_gain_more(self) -> list[Candidate]:
+        """The fixes ranked after the best by a gain that is only their lower bound: they may truly gain more than
+        it (the ranking puts a lower bound where its least would be, never as a point)."""
+        best = self.best
+        if best is None:
+            return []
+        after = self.fixes[self.fixes.index(best) + 1:]
+        return [c for c in after if c.lower_bound and not c.caveat and (c.throughput or 0) >= 1 + MIN_GAIN]
 
 
 def window_of(analyses: Sequence[IterationAnalysis]) -> list[IterationAnalysis]:
@@ -130,6 +144,8 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
     # A fix predicted to gain under MIN_GAIN is not worth the change (nor within what the model can tell), except
     # a "keep it as it is", which is advice too. Those that change what the job computes (numerics, the
     # optimisation) come after those that do not, whatever they gain: the user decides on them.
+    # A lower bound ranks by its least gain: it is at least as good as where it stands (the headline says when it
+    # stands after the best: it may gain more).
     gaining = sorted((c for c in predicted if c.kind not in buying), key=lambda c: -(c.throughput or 0))
     little = tuple(c for c in gaining if c.setting and (c.throughput or 0) < 1 + MIN_GAIN)
     fixes = [c for c in gaining if c not in little and not c.caveat] + [c for c in gaining

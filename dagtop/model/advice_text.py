@@ -36,8 +36,13 @@ def hours(h: float) -> str:
     return f"{h:.1f} h" if h < 48 else f"{h / 24:.1f} days"
 
 
+AT_MOST = "≤"
+"""Before a step time, an epoch's time or cost that is an upper bound (its change's gain is a lower one, ``≥``)."""
+
+
 def candidate_rows(advice: Advice) -> list[tuple[str, str, str, str, str]]:
-    """(change, step ms, range, throughput, confidence) for each predicted candidate, fixes then buys."""
+    """(change, step ms, range, throughput, confidence) for each predicted candidate, fixes then buys; a lower bound
+    on the gain reads ``≥+23 %`` and its step ``≤80.0`` (the range is its replay's)."""
     rows = []
     for c in (*advice.fixes, *advice.buys):
         if c.step_ms is None:
@@ -45,8 +50,20 @@ def candidate_rows(advice: Advice) -> list[tuple[str, str, str, str, str]]:
         span = f"{c.range_ms[0]:.1f}–{c.range_ms[1]:.1f}" if c.range_ms else ""
         gain = c.gain + (f" ({(c.efficiency or 0) * 100:.0f} % eff.)" if c.workers > 1 else "")
         mark = "" if c.confidence is Confidence.VALIDATED else "?"
-        rows.append((c.title, f"{c.step_ms:.1f}", span, gain, f"{c.confidence}{mark}"))
+        rows.append((c.title, f"{AT_MOST if c.lower_bound else ''}{c.step_ms:.1f}", span, gain,
+                     f"{c.confidence}{mark}"))
     return rows
+
+
+def lower_bound_lines(advice: Advice) -> list[str]:
+    """Each predicted change whose gain is a lower bound (``≥``, its step and cost ``≤``), with why."""
+    return [f"{c.title}: {c.lower_bound}" for c in (*advice.fixes, *advice.buys, *advice.little) if c.lower_bound]
+
+
+def lower_bound_key(advice: Advice) -> str:
+    """What ``≥`` and ``≤`` mean, where any change has them; empty where none has."""
+    return ("≥ ≤: a lower bound on the gain, an upper one on the step, the epoch and its cost"
+            if lower_bound_lines(advice) else "")
 
 
 def cost_rows(priced: FixOrBuy) -> list[tuple[str, str, str, str, str]]:
@@ -56,8 +73,10 @@ def cost_rows(priced: FixOrBuy) -> list[tuple[str, str, str, str, str]]:
     price = priced.terms.gpu_hour_price
     out = [("now", hours(priced.now.hours), gpu_time(priced.now.gpu_hours), _money(priced.now, price), "")]
     for c, e in priced.rows:
-        out.append((c.title, hours(e.hours), gpu_time(e.gpu_hours), _money(e, price),
-                    f"×{e.gpu_hours / priced.now.gpu_hours:.2f}" if priced.now.gpu_hours else ""))
+        most = AT_MOST if e.at_most else ""
+        money = _money(e, price)
+        out.append((c.title, most + hours(e.hours), most + gpu_time(e.gpu_hours), most + money if money != "—" else money,
+                    f"{most}×{e.gpu_hours / priced.now.gpu_hours:.2f}" if priced.now.gpu_hours else ""))
     return out
 
 
@@ -87,7 +106,8 @@ def waste_line(priced: FixOrBuy) -> str:
     def dollars(x: float) -> str:
         return f", ${x * price:,.2f}" if price is not None else ""
 
+    least = "≥" if w.straggler_lower_bound and w.straggler > 0 else ""  # its replay is a lower bound: the loss too
     return (f"waste so far ({w.iterations} iterations, {gpu_time(w.gpu_hours)}{dollars(w.gpu_hours)}): exposed "
             f"communication {gpu_time(w.communication)} ({share(w.communication)}), loading {gpu_time(w.loading)} "
-            f"({share(w.loading)}), straggler {gpu_time(w.straggler)} ({share(w.straggler)}); each alone: they "
-            "overlap")
+            f"({share(w.loading)}), straggler {least}{gpu_time(w.straggler)} ({least}{share(w.straggler)}); each "
+            "alone: they overlap")

@@ -109,6 +109,9 @@ class Candidate:
     """Why the confidence is lower, or why nothing was predicted."""
     caveat: str = ""
     """What else the change changes, for the user to weigh (numerics, the optimisation)."""
+    lower_bound: str = ""
+    """Why the prediction is a lower bound on the gain (so the step and an epoch's time and cost are at most what
+    is shown), from the what-if it rests on (:attr:`dagtop.model.snapshot.WhatIf.lower_bound`); empty for a point."""
 
     @property
     def throughput(self) -> float | None:
@@ -122,8 +125,10 @@ class Candidate:
 
     @property
     def gain(self) -> str:
-        """``+23 %`` samples/s, or ``—`` when not predicted."""
-        return "—" if self.throughput is None else f"{(self.throughput - 1) * 100:+.0f} %"
+        """``+23 %`` samples/s (``≥+23 %`` for a lower bound), or ``—`` when not predicted."""
+        if self.throughput is None:
+            return "—"
+        return f"{'≥' if self.lower_bound else ''}{(self.throughput - 1) * 100:+.0f} %"
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,8 @@ class EpochCost:
     hours: float
     gpu_hours: float
     dollars: float | None
+    at_most: bool = False
+    """The figures are upper bounds: the change's gain is a lower bound (:attr:`Candidate.lower_bound`)."""
 
 
 def epoch_cost(step_ms: float, steps: int, ranks: int, price: float | None) -> EpochCost:
@@ -82,11 +84,12 @@ def epoch_cost(step_ms: float, steps: int, ranks: int, price: float | None) -> E
     return EpochCost(hours, hours * ranks, hours * ranks * price if price is not None else None)
 
 
-def scaled(now: EpochCost, throughput: float, workers: int, price: float | None) -> EpochCost:
-    """The epoch with ``throughput`` times the samples per second on ``workers`` times the GPUs."""
+def scaled(now: EpochCost, throughput: float, workers: int, price: float | None, at_most: bool = False) -> EpochCost:
+    """The epoch with ``throughput`` times the samples per second on ``workers`` times the GPUs; ``at_most``: the
+    throughput is a lower bound, so the epoch's figures are upper ones."""
     hours = now.hours / throughput
     gpu_hours = now.gpu_hours * workers / throughput
-    return EpochCost(hours, gpu_hours, gpu_hours * price if price is not None else None)
+    return EpochCost(hours, gpu_hours, gpu_hours * price if price is not None else None, at_most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,9 @@ class Waste:
     straggler: float
     """What bringing the named straggler to the median would have saved (the verdict's 'straggler at median'
     replays of its rank)."""
+    straggler_lower_bound: str = ""
+    """Why :attr:`straggler` is only a lower bound (those replays are: :attr:`Candidate.lower_bound`); empty when it
+    is a point."""
 
     @property
     def seconds(self) -> float:
@@ -113,6 +119,7 @@ class Waste:
 def waste(analyses: Sequence[IterationAnalysis], straggler_rank: int | None) -> Waste:
     """The waste over ``analyses`` (complete, steady iterations)."""
     total = comm = io = late = 0.0
+    lower = ""
     for a in analyses:
         ranks = len(a.ranks)
         total += a.measured_ms * ranks
@@ -122,7 +129,8 @@ def waste(analyses: Sequence[IterationAnalysis], straggler_rank: int | None) -> 
                  None) if straggler_rank is not None else None
         if w is not None and w.predictable:
             late += max(a.predicted_ms - w.iteration_ms, 0.0) * ranks
-    return Waste(len(analyses), total / 3.6e6, comm / 3.6e6, io / 3.6e6, late / 3.6e6)
+            lower = w.lower_bound or lower
+    return Waste(len(analyses), total / 3.6e6, comm / 3.6e6, io / 3.6e6, late / 3.6e6, lower)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +160,6 @@ def fix_or_buy(advice: Advice, analyses: Sequence[IterationAnalysis], ranks: Seq
         return FixOrBuy(terms, None if isinstance(epoch, str) else epoch, epoch if isinstance(epoch, str) else "",
                         None, (), lost)
     now = epoch_cost(advice.step_ms, epoch.steps, count, terms.gpu_hour_price)
-    rows = tuple((c, scaled(now, c.throughput, c.workers, terms.gpu_hour_price))
+    rows = tuple((c, scaled(now, c.throughput, c.workers, terms.gpu_hour_price, at_most=bool(c.lower_bound)))
                  for c in (*advice.fixes, *advice.buys) if c.throughput)
     return FixOrBuy(terms, epoch, "", now, rows, lost)

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dagtop.model.advice import Advice, Confidence
-from dagtop.model.advice_text import candidate_rows, cost_rows, little_line, waste_line
+from dagtop.model.advice_text import candidate_rows, cost_rows, little_line, lower_bound_key, waste_line
 from dagtop.model.cost import FixOrBuy
 
 NARROW = 90
@@ -58,6 +58,8 @@ class AdviceDetails:
             if options.max_width < NARROW:  # the ranges are in each change's lines below
                 header, shown = (header[0], header[1], header[3], "conf."), [(r[0], r[1], r[3], r[4]) for r in rows]
             parts.append(_table(header, shown, styles))
+        if lower_bound_key(a):
+            parts.append(Text(f"{lower_bound_key(a)} (why: with the change below)", style="dim"))
         if a.little:
             parts.append(Text(little_line(a), style="dim"))
         if a.withheld:
@@ -75,13 +77,19 @@ class AdviceDetails:
         for n, c in enumerate((*a.fixes, *a.buys), 1):
             style = CONFIDENCE_STYLE[c.confidence]
             parts.append(Text.assemble((f"{n}. {c.title}", f"bold {style}"), (f" · {c.kind}", "dim")))
-            if c.step_ms is not None and c.range_ms is not None:
+            if c.step_ms is not None and c.range_ms is not None and c.lower_bound:
+                parts.append(Text(f"predicted at most {c.step_ms:.1f} ms/step (replayed {c.range_ms[0]:.1f}–"
+                                  f"{c.range_ms[1]:.1f}), throughput at least {c.gain.lstrip('≥')}; {c.confidence} "
+                                  "confidence"))
+            elif c.step_ms is not None and c.range_ms is not None:
                 parts.append(Text(f"predicted {c.step_ms:.1f} ms/step ({c.range_ms[0]:.1f}–{c.range_ms[1]:.1f}), "
                                   f"throughput {c.gain}; {c.confidence} confidence"))
             parts.append(Text(c.change, style="cyan"))
             parts.append(Text(f"evidence: {c.evidence}", style="dim"))
             if c.caveat:
                 parts.append(Text(f"caveat: {c.caveat}", style="yellow"))
+            if c.lower_bound:
+                parts.append(Text(f"at least: {c.lower_bound}", style="yellow"))
             if c.doubt:
                 parts.append(Text(f"lower confidence: {c.doubt}", style="yellow"))
         for c in a.withheld:
