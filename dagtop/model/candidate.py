@@ -7,11 +7,11 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from dagtop.model.allreduce import AllReduce
 from dagtop.model.buckets import Backward, BucketModel, Layout
+from dagtop.model.label import Label
 from dagtop.model.snapshot import IterationAnalysis, RankInfo
 from instrument.wire import Telemetry
 
@@ -21,7 +21,7 @@ MAX_REPLAY_ERROR = 0.05
 """A replay further off what was measured than this (|replayed − measured| / measured) predicts nothing."""
 
 
-class Kind(str, Enum):
+class Kind(Label):
     """What a candidate changes. The value is its name on screen and in the JSON."""
 
     BUCKETS = "gradient buckets"
@@ -33,11 +33,8 @@ class Kind(str, Enum):
     SCALE_OUT = "more workers"
     NETWORK = "faster network"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Confidence(str, Enum):
+class Confidence(Label):
     """How far a candidate's prediction can be trusted."""
 
     VALIDATED = "validated"
@@ -46,9 +43,6 @@ class Confidence(str, Enum):
     """Predicted, but not validated that well (the reason is given)."""
     WITHHELD = "withheld"
     """Not predicted: the model lacks what it needs (the reason is given)."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 DOUBT: Mapping[Kind, str] = {

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from dagtop.model.label import Label
 
 
-class Change(str, Enum):
+class Change(Label):
     """One what-if change. The value is the label the screen, the report and its JSON use."""
 
     IDENTITY = "now (model)"
@@ -16,9 +16,6 @@ class Change(str, Enum):
     STRAGGLER_AT_MEDIAN = "straggler at median"
     DOUBLE_WORKERS = "2N workers"
     NETWORK = "network bandwidth"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def category(self) -> str:
