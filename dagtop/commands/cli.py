@@ -8,13 +8,15 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dagtop import __version__
 from dagtop.exits import Exit, table
 from instrument.wire import DEFAULT_ENDPOINT
+
+_N = TypeVar("_N", int, float)
 
 BOTTLENECKS = ("none", "io", "compute", "allreduce", "pcie")
 NICE_ENV = "DAGTOP_NICE"
@@ -62,12 +64,17 @@ def _endpoint(text: str) -> str:
     return text
 
 
+def _number(text: str, kind: Callable[[str], _N], what: str) -> _N:
+    """``text`` as ``kind`` (int or float), else the one line naming ``what`` it is not."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
 def _count(text: str) -> int:
     """A whole number of at least 1 (ranks, iterations)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    value = _number(text, int, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
@@ -75,24 +82,14 @@ def _count(text: str) -> int:
 
 def _niceness(text: str) -> int:
     """How much to lower the monitor's priority: 0 (not at all) to 19 (the least CPU when others want it)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    value = _number(text, int, "a whole number")
     if not 0 <= value <= 19:
         raise argparse.ArgumentTypeError(f"must be from 0 to 19, not {value}")
     return value
 
 
-def _float(text: str, what: str = "a number") -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-
-
 def _speed(text: str) -> float:
-    value = _float(text)
+    value = _number(text, float, "a number")
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be 0 (as fast as possible) or more, not {text}")
     return value
@@ -100,7 +97,7 @@ def _speed(text: str) -> float:
 
 def _refresh(text: str) -> float:
     """Seconds between redraws of the screen, like htop's ``-d``: 0.05 (20 a second) to 60."""
-    value = _float(text, "a number of seconds")
+    value = _number(text, float, "a number of seconds")
     if not 0.05 <= value <= 60:
         raise argparse.ArgumentTypeError(f"must be from 0.05 to 60 seconds, not {text}")
     return value
@@ -108,7 +105,7 @@ def _refresh(text: str) -> float:
 
 def _bandwidth(text: str) -> float:
     """A bus bandwidth in GB/s (bytes: 100 Gb/s Ethernet is 12.5), above 0."""
-    value = _float(text, "a bandwidth in GB/s")
+    value = _number(text, float, "a bandwidth in GB/s")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be above 0 GB/s, not {text}")
     return value
@@ -152,7 +149,7 @@ def _exit_statuses() -> str:
 
 
 def _price(text: str) -> float:
-    value = _float(text, "a price")
+    value = _number(text, float, "a price")
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a price: a number of dollars, 0 or more")
     return value
@@ -306,43 +303,28 @@ def _run(args: argparse.Namespace) -> int:
         if problem:
             print(f"dagtop: {problem}", file=sys.stderr)
             return Exit.USAGE
-    if args.command == "keygen":
-        from dagtop.io.auth import run_keygen
-
-        return run_keygen(args)
-    if args.command == "record":
-        from dagtop.commands.record import run_record
-
-        return run_record(args)
-    if args.command == "report":
-        from dagtop.commands.report import run_report
-
-        return run_report(args)
-    if args.command == "advise":
-        from dagtop.commands.advise import run_advise
-
-        return run_advise(args)
-    if args.command == "demo":
-        from dagtop.demo.launch import run_demo
-
-        return run_demo(args)
-    if args.command == "import":
-        from dagtop.interop.importer import run_import
-
-        return run_import(args)
-    if args.command == "export":
-        from dagtop.interop.chrome import run_export
-
-        return run_export(args)
-    if args.command == "relay":
-        from dagtop.io.relay import run_relay
-
-        return run_relay(args)
-    if args.command == "replay":
-        from dagtop.ui.run import run_replay
-
-        return run_replay(args)
-    from dagtop.ui.run import run_live
-
-    return run_live(args)
+    # One lazy import per command, so that `dagtop report` never loads Textual nor `dagtop` torch; written out
+    # (not a table of module names) so that mypy and import-linter see every one.
+    match args.command:
+        case "keygen":
+            from dagtop.io.auth import run_keygen as run
+        case "record":
+            from dagtop.commands.record import run_record as run
+        case "report":
+            from dagtop.commands.report import run_report as run
+        case "advise":
+            from dagtop.commands.advise import run_advise as run
+        case "demo":
+            from dagtop.demo.launch import run_demo as run
+        case "import":
+            from dagtop.interop.importer import run_import as run
+        case "export":
+            from dagtop.interop.chrome import run_export as run
+        case "relay":
+            from dagtop.io.relay import run_relay as run
+        case "replay":
+            from dagtop.ui.run import run_replay as run
+        case _:
+            from dagtop.ui.run import run_live as run
+    return run(args)
 
