@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.threads import PUBLISHER, all_ended, shim_threads
 from torch import nn
 
 import instrument
@@ -174,7 +175,10 @@ def test_an_exception_in_a_hook_disables_the_shim_with_one_warning(
 
 def test_no_monitor_listening_is_harmless_and_close_is_quick_and_idempotent(endpoint: str) -> None:
     model, optimizer = _setup()
+    before = shim_threads()
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    started = shim_threads() - before
+    assert PUBLISHER in {t.name for t in started}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         losses = _train(tracer, model, optimizer, 5)
@@ -182,10 +186,7 @@ def test_no_monitor_listening_is_harmless_and_close_is_quick_and_idempotent(endp
     tracer.close()
     tracer.close()
     assert time.monotonic() - start < 30  # bounded (a loaded machine may take the whole timeout), not a hang
-    deadline = time.monotonic() + 60
-    while tracer._publisher.alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not tracer._publisher.alive  # nothing to linger for: the publisher thread ends
+    assert all_ended(started)  # nothing to linger for: the shim's threads end
     assert len(losses) == 5
 
 
@@ -246,14 +247,20 @@ def test_unknown_category_for_a_custom_task_is_refused(endpoint: str) -> None:
     tracer.close()
 
 
-def test_a_full_queue_drops_and_counts_instead_of_blocking(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+def test_a_full_queue_drops_and_counts_instead_of_blocking(collector: Any, monkeypatch: pytest.MonkeyPatch,
+                                                           endpoint: str) -> None:
     monkeypatch.setattr(instrument.publisher, "QUEUE_FRAMES", 0)
     model, optimizer = _setup()
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
     assert isinstance(tracer, Tracer)
+    collector.joined()
     _train(tracer, model, optimizer, 3)
-    assert tracer._publisher.dropped_queue == 3
     tracer.close()
+    collector.until_bye()
+    frames = collector.decoded()
+    assert not [f for f in frames if isinstance(f, wire.IterationBatch)]
+    (bye,) = [f for f in frames if isinstance(f, wire.Bye)]
+    assert bye.dropped_queue == 3  # the monitor is told what the queue dropped
 
 
 def test_forked_dataloader_workers_leave_the_publisher_alone(endpoint: str) -> None:
@@ -325,10 +332,11 @@ def test_telemetry_off_by_environment(collector: Any, endpoint: str, monkeypatch
     monkeypatch.setattr("instrument.telemetry.FIRST_AFTER_S", 0.0)
     monkeypatch.setattr("instrument.telemetry.EVERY_S", 0.02)
     model, optimizer = _setup()
+    before = shim_threads()
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    assert [t.name for t in shim_threads() - before] == [PUBLISHER]  # no telemetry thread
     collector.joined()
     _train(tracer, model, optimizer, 2)
     time.sleep(0.2)
     tracer.close()
     assert not [f for f in collector.decoded() if isinstance(f, wire.Telemetry)]
-    assert isinstance(tracer, Tracer) and tracer._telemetry is None

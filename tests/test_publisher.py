@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.frames import hello
+from helpers.threads import PUBLISHER, TELEMETRY, shim_threads
 from helpers.waits import WAIT_S
 
 import instrument
@@ -171,18 +172,27 @@ def test_a_rank_stuck_in_its_loader_or_a_forward_says_so_in_its_heartbeats(
     collector.until_bye()
 
 
-def test_dagtop_heartbeat_0_turns_heartbeats_off(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dagtop_heartbeat_0_turns_heartbeats_off(collector: Any, endpoint: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publisher_module, "HEARTBEAT_EVERY_S", 0.1)
     monkeypatch.setenv("DAGTOP_HEARTBEAT", "0")
     model = torch.nn.Linear(2, 2)
+
+    def heartbeats() -> list[wire.Heartbeat]:
+        return [f for f in collector.decoded() if isinstance(f, wire.Heartbeat)]
+
     tracer = instrument.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), endpoint=endpoint)
     try:
-        assert tracer._publisher._where is None  # type: ignore[attr-defined]
+        collector.joined()
+        time.sleep(1.0)  # ten heartbeats' time
     finally:
         tracer.close()
+    collector.wait_for(lambda frames: any(isinstance(f, wire.Bye) for f in frames), "the first tracer's bye")
+    assert not heartbeats()
     monkeypatch.delenv("DAGTOP_HEARTBEAT")
     tracer = instrument.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), endpoint=endpoint)
     try:
-        assert tracer._publisher._where is not None  # type: ignore[attr-defined]
+        collector.wait_for(lambda frames: any(isinstance(f, wire.Heartbeat) for f in frames), "a heartbeat")
     finally:
         tracer.close()
 
@@ -193,11 +203,14 @@ def test_the_shims_threads_run_niced_and_the_training_thread_does_not(endpoint: 
     from instrument.telemetry import TelemetryThread
 
     mine = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: the calling thread's own
+    before = shim_threads()
     publisher = Publisher(endpoint, 0, _hello, on_error=lambda exc: None)
     telemetry = TelemetryThread(lambda sample: None, rank=0, local_rank=1, host="h", cuda_index=None,
                                 every_s=3600.0, first_after_s=3600.0)
     try:
-        for thread in (publisher._thread, telemetry._thread):  # type: ignore[attr-defined]
+        started = shim_threads() - before
+        assert sorted(t.name for t in started) == [PUBLISHER, TELEMETRY]
+        for thread in started:
             deadline = time.monotonic() + WAIT_S
             while time.monotonic() < deadline and (
                     thread.native_id is None or os.getpriority(os.PRIO_PROCESS, thread.native_id) != 19):

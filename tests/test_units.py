@@ -274,7 +274,7 @@ def test_a_checkpointed_layer_has_one_forward_and_one_backward_that_holds_its_re
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint, granularity=granularity)
     collector.joined()
-    units = [u.name for u in (tracer._layers if granularity == "layer" else tracer._blocks).units]
+    units = [name for name, _ in (layer_units if granularity == "layer" else block_units)(model)]
     _train(model, tracer, optimizer, 3)
     with torch.no_grad():  # evaluation is not timed, and does not disturb the next iteration
         model(torch.randint(50, (4, 8)))
