@@ -60,7 +60,7 @@ def test_news_is_drawn_at_most_once_a_frame_however_often_it_comes() -> None:
         await _until(pilot, lambda: (s := app.collector.latest.snapshot.latest) is not None and s.iteration >= 1)
         # The first news is drawn at once, unless the app's own timer drew an earlier one (the hellos) in this
         # frame before the iteration came: a loaded machine starts the app slowly. Then it waits for the frame.
-        for _ in range(app._ticks_per_frame + 1):
+        for _ in range(app.ticks_per_frame + 1):
             app.tick()
             if app.shown.latest is not None:
                 break
@@ -70,7 +70,7 @@ def test_news_is_drawn_at_most_once_a_frame_however_often_it_comes() -> None:
         await _until(pilot, lambda: (s := app.collector.latest.snapshot.latest) is not None and s.iteration >= 9)
         app.tick()
         assert app.shown is first  # news within the frame waits for the next one
-        for _ in range(app._ticks_per_frame):
+        for _ in range(app.ticks_per_frame):
             app.tick()
         assert app.shown is app.collector.latest.snapshot and app.shown.latest.iteration >= 9  # type: ignore[union-attr]
 

@@ -95,8 +95,9 @@ class DagtopApp(App[int]):
         self.clock = clock
         self.frame_interval_s = frame_interval_s
         self.tick_interval_s = min(frame_interval_s, LAG_INTERVAL_S)
-        self._ticks_per_frame = max(1, round(frame_interval_s / self.tick_interval_s))
-        self._ticks_since_frame = self._ticks_per_frame  # the first news is drawn at once
+        self.ticks_per_frame = max(1, round(frame_interval_s / self.tick_interval_s))
+        """Ticks (:meth:`tick`, every ``tick_interval_s``) between two redraws of news: at most one a frame."""
+        self._ticks_since_frame = self.ticks_per_frame  # the first news is drawn at once
         self.shown: Snapshot = EMPTY_SNAPSHOT
         """The snapshot on screen (frozen while paused)."""
         self.shown_version = 0
@@ -154,7 +155,7 @@ class DagtopApp(App[int]):
         """Every tick: keep the lag current; once per frame interval, take the collector's latest update if new."""
         update = self.collector.latest
         self._ticks_since_frame += 1
-        if update.version != self.shown_version and self._ticks_since_frame >= self._ticks_per_frame:
+        if update.version != self.shown_version and self._ticks_since_frame >= self.ticks_per_frame:
             self._ticks_since_frame = 0
             self.shown_version = update.version
             telemetry = self.telemetry_panel
