@@ -3,9 +3,12 @@ unit's whole backward, and the flags hooks test first (grad mode, a backward's r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.autograd.graph import Node
 
 grad_enabled = torch.is_grad_enabled
 graph_task_id = torch._C._current_graph_task_id
@@ -15,7 +18,7 @@ compiling = torch.compiler.is_compiling
 test to a constant, so the hook leaves no trace in the graph (a timestamp there would be a graph break)."""
 
 
-def grad_fns(value: Any) -> list[Any]:
+def grad_fns(value: object) -> list[Node]:
     """The autograd nodes that produced the tensors of a module's input or output (tensor, tuple, list, dict).
 
     Runs twice per timed module per iteration: the common shapes (a 1-tuple of args, a tensor) come first.
@@ -26,12 +29,12 @@ def grad_fns(value: Any) -> list[Any]:
     if isinstance(value, torch.Tensor):
         node = value.grad_fn
         return [] if node is None else [node]
-    nodes: list[Any] = []
+    nodes: list[Node] = []
     _collect(value, nodes, 0)
     return nodes
 
 
-def _collect(value: Any, nodes: list[Any], depth: int) -> None:
+def _collect(value: object, nodes: list[Node], depth: int) -> None:
     if isinstance(value, torch.Tensor):
         if value.grad_fn is not None and all(value.grad_fn is not n for n in nodes):
             nodes.append(value.grad_fn)
@@ -43,7 +46,7 @@ def _collect(value: Any, nodes: list[Any], depth: int) -> None:
             _collect(item, nodes, depth + 1)
 
 
-def needs_grad(value: Any) -> bool:
+def needs_grad(value: object) -> bool:
     """True if a tensor of a module's input (tensor, tuple, list) requires gradients."""
     if isinstance(value, torch.Tensor):
         return value.requires_grad
@@ -54,7 +57,7 @@ _AccumulateGrad = torch._C._functions.AccumulateGrad  # type: ignore[attr-define
 """The type of a parameter's leaf node, where its gradient is accumulated."""
 
 
-def consumes(node: Any, inputs: list[Any]) -> bool:
+def consumes(node: Node, inputs: list[Node]) -> bool:
     """True if ``node``, a unit's output node, is the unit's whole backward: it takes the unit's input directly
     and otherwise only parameters (a single-op layer).
 
@@ -73,7 +76,7 @@ def consumes(node: Any, inputs: list[Any]) -> bool:
     return takes_input and not any(node is n for n in inputs)  # an identity: the output is the input
 
 
-def parameter(node: Any) -> bool:
+def parameter(node: Node) -> bool:
     """A parameter's leaf node, or one op on one (a weight's transpose)."""
     if type(node) is _AccumulateGrad:
         return True

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from instrument.events import RawEvent, TaskKind
 
-Stamp = Callable[[], Any]
-"""Returns a timestamp: ``perf_counter_ns()`` on CPU, a recorded CUDA event on a GPU."""
+if TYPE_CHECKING:
+    import torch
+
+Moment: TypeAlias = "int | torch.cuda.Event | None"
+"""A timestamp: ``perf_counter_ns()`` on CPU, a recorded CUDA event on a GPU, None where none may be taken (a
+CUDA graph being captured)."""
+Stamp = Callable[[], Moment]
+"""Returns a timestamp (:data:`Moment`)."""
 Fail = Callable[[BaseException], None]
 """Switches the shim off after an internal error, warning once (``Tracer._fail``)."""
 
@@ -56,7 +62,7 @@ class Probe:
         """This probe for events on another lane (and clock)."""
         return Probe(self.sink, self.stamp if stamp is None else stamp, lane, self.switch, self.fail)
 
-    def ended(self, kind: TaskKind, name: str, start: Any, nbytes: int = 0) -> None:
+    def ended(self, kind: TaskKind, name: str, start: Moment, nbytes: int = 0) -> None:
         """Record a task of ``kind`` on this lane that began at ``start`` and ends now; an error switches the shim
         off (for callbacks that run where an exception would reach torch: a collective's completion)."""
         try:

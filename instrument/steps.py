@@ -11,10 +11,12 @@ from instrument.events import UPDATE, RawEvent
 
 if TYPE_CHECKING:
     import torch
+    from torch.autograd.graph import Node
+    from torch.optim.optimizer import Args, Kwargs
 
     from instrument.boundary import IterationBoundary
     from instrument.comm import BucketTimer
-    from instrument.probe import Stamp, Switch
+    from instrument.probe import Moment, Stamp, Switch
     from instrument.publisher import Publisher
     from instrument.ranktracer import Granularity
     from instrument.timerset import TimerSet
@@ -31,7 +33,7 @@ class IterationHooks:
     _events: list[RawEvent]
     """One list for the whole run: the hooks hold its ``append``."""
     _boundary: IterationBoundary
-    _update_starts: dict[str, object]
+    _update_starts: dict[str, Moment]
     """Optimizer step → when its update began (a stamp: ns, or a CUDA event), while it runs."""
     _stamp: Stamp
     _lane: str
@@ -48,7 +50,7 @@ class IterationHooks:
     _publisher: Publisher
     _grad_enabled: Callable[[], bool]
     _compiling: Callable[[], bool]
-    _grad_fns: Callable[[Any], list[Any]]
+    _grad_fns: Callable[[object], list[Node]]
     """Run on every forward of the whole model: torch's own functions, bound once."""
 
     def _fail(self, exc: BaseException) -> None:
@@ -81,7 +83,7 @@ class IterationHooks:
         self._events.append(event)
 
     def _step_started(self, name: str) -> Callable[..., Any]:
-        def step_started(optimizer: Any, args: Any, kwargs: Any) -> Any:
+        def step_started(optimizer: torch.optim.Optimizer, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs] | None:
             self._boundary.step_began()
             # ``args`` are step()'s own: the optimizer first, then the closure if passed by position.
             closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
@@ -108,7 +110,7 @@ class IterationHooks:
         self._update_starts[name] = self._stamp()
 
     def _step_ended(self, name: str) -> Callable[..., None]:
-        def step_ended(optimizer: Any, args: Any, kwargs: Any) -> None:
+        def step_ended(optimizer: torch.optim.Optimizer, args: Args, kwargs: Kwargs) -> None:
             start = self._update_starts.pop(name, None)
             if start is not None:
                 self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))

@@ -4,7 +4,7 @@ autograd-node hooks; grouped by granularity in instrument/timerset.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -12,15 +12,14 @@ from torch import nn
 from instrument.autograd import compiling, grad_enabled, grad_fns, graph_task_id, needs_grad
 from instrument.compiled import CompiledCall, warn_if_backward_is_compiled
 from instrument.events import BACKWARD, FORWARD, RawEvent
-from instrument.probe import Probe
-from instrument.unit import Boundaries, Unit, consumes_cached, node_prehook
+from instrument.probe import Moment, Probe, Removable
+from instrument.unit import RECOMPUTED, AtMoment, Boundaries, Grads, Unit, consumes_cached, node_prehook
+
+if TYPE_CHECKING:
+    from torch.autograd.graph import Node
 
 MAX_PENDING_EVENTS = 200_000
 """Forwards with gradients but no optimizer step (a validation loop without no_grad) stop being timed here."""
-
-
-_RECOMPUTED = object()
-"""``Unit.fwd_start`` while backward recomputes the unit's forward (reentrant checkpointing)."""
 
 
 class UnitTimer:
@@ -53,16 +52,16 @@ class UnitTimer:
         its length."""
         self._sink, self._stamp, self._lane = probe.sink, probe.stamp, probe.lane
         self._switch, self._fail = probe.switch, probe.fail
-        self._handles: list[Any] = []
+        self._handles: list[Removable] = []
         self._boundaries: Boundaries = {} if boundaries is None else boundaries
         """Autograd node id -> its prehook, for the current iteration (holding the node keeps the id unique);
         shared by the timers of a TimerSet, so that a node where a unit and a span meet has one stamp."""
         self._forward_open = False
         """A forward that builds a graph has begun and its backward has not: a unit's forward run without a
         graph now is part of it (reentrant checkpointing)."""
-        self._recompute_start: Any = None
+        self._recompute_start: Moment = None
         """When backward began recomputing a checkpointed segment, until a unit of it starts its backward."""
-        self._ungraphed: list[tuple[Any, Callable[[Any], None]]] = []
+        self._ungraphed: list[tuple[object, AtMoment]] = []
         """Outputs of forwards run without a graph, with their units' backward-start callbacks, until the next
         unit's forward: a reentrant checkpoint's output gets its node once the checkpointed function returns."""
 
@@ -116,7 +115,7 @@ class UnitTimer:
     # The hooks below run on the training thread (forward) and on autograd threads (backward). Each one
     # catches everything: an exception must disable the shim, never reach the training loop.
 
-    def _at_gradient_of(self, node: Any, callback: Callable[[Any], None]) -> None:
+    def _at_gradient_of(self, node: Node, callback: AtMoment) -> None:
         """Call ``callback(stamp)`` when the gradient reaches ``node``: one prehook and one stamp per node.
 
         The node that produced block b-1's output is also block b's input: sharing the stamp makes b's
@@ -127,14 +126,13 @@ class UnitTimer:
         if boundary is None:
             if len(self._boundaries) >= MAX_PENDING_EVENTS:  # many forwards and no step: let go of old graphs
                 self._boundaries.clear()
-            callbacks: list[Callable[[Any], None]] = []
+            callbacks: list[AtMoment] = []
             boundary = self._boundaries[id(node)] = (node, callbacks)  # holding the node keeps its id unique
             node.register_prehook(node_prehook(callbacks, self._stamp, self._switch, self._fail))
         boundary[1].append(callback)
 
-    def _hook_backward(self, unit: Unit, outputs: list[Any], inputs: list[Any] | None,
-                       on_start: Callable[[Any], None], on_end: Callable[[Any], None],
-                       on_own_end: Callable[[Any, Any], None]) -> None:
+    def _hook_backward(self, unit: Unit, outputs: list[Node], inputs: list[Node] | None, on_start: AtMoment,
+                       on_end: AtMoment, on_own_end: Callable[[Grads, Grads], None]) -> None:
         """Hook where the unit's backward starts (its outputs' nodes) and ends (see the class docstring)."""
         for node in outputs:
             self._at_gradient_of(node, on_start)
@@ -147,7 +145,7 @@ class UnitTimer:
     def _pre_hook(self, unit: Unit) -> Callable[..., None]:
         stamp, switch, events = self._stamp, self._switch, self._events
 
-        def forward_pre(module: nn.Module, args: Any) -> None:
+        def forward_pre(module: nn.Module, args: tuple[object, ...]) -> None:
             if compiling() or not switch.on or len(events) >= MAX_PENDING_EVENTS:
                 return
             try:
@@ -176,7 +174,7 @@ class UnitTimer:
 
         return forward_pre
 
-    def _recomputing(self, unit: Unit, args: Any) -> None:
+    def _recomputing(self, unit: Unit, args: tuple[object, ...]) -> None:
         """Backward runs again a forward that built no graph (reentrant checkpointing): hook the graph it builds.
 
         The unit's backward is then the recompute and the gradients that follow, as under non-reentrant
@@ -191,7 +189,7 @@ class UnitTimer:
         if self._recompute_start is None:  # the segment's first unit
             self._recompute_start = self._stamp()
         unit.inputs = grad_fns(args) or saved
-        unit.fwd_start = _RECOMPUTED
+        unit.fwd_start = RECOMPUTED
 
     def _hook_checkpoint_outputs(self) -> None:
         """Start the backward of a unit whose forward ran without a graph where its output's node runs, if the
@@ -210,7 +208,7 @@ class UnitTimer:
         on_own_end = self._own_backward_end(on_end)
         name = unit.name
 
-        def forward_post(module: nn.Module, args: Any, output: Any) -> None:
+        def forward_post(module: nn.Module, args: tuple[object, ...], output: object) -> None:
             if compiling() or not switch.on:
                 return
             try:
@@ -219,7 +217,7 @@ class UnitTimer:
                     return
                 unit.fwd_start = None
                 inputs, unit.inputs = unit.inputs, None
-                if start is _RECOMPUTED:
+                if start is RECOMPUTED:
                     self._hook_backward(unit, grad_fns(output), inputs, on_recomputed_start, on_end, on_own_end)
                     return
                 sink((category, phase, name, lane, start, stamp(), 0))
@@ -232,27 +230,27 @@ class UnitTimer:
 
         return forward_post
 
-    def _backward_start(self, unit: Unit) -> Callable[[Any], None]:
-        def backward_start(stamp: Any) -> None:
+    def _backward_start(self, unit: Unit) -> AtMoment:
+        def backward_start(stamp: Moment) -> None:
             self._forward_open = False
             if unit.bwd_start is None:  # a unit with several outputs starts at the first gradient
                 unit.bwd_start = stamp
 
         return backward_start
 
-    def _recomputed_backward_start(self, unit: Unit) -> Callable[[Any], None]:
-        def backward_start(stamp: Any) -> None:
+    def _recomputed_backward_start(self, unit: Unit) -> AtMoment:
+        def backward_start(stamp: Moment) -> None:
             if unit.bwd_start is None:
                 begun, self._recompute_start = self._recompute_start, None
                 unit.bwd_start = stamp if begun is None else begun
 
         return backward_start
 
-    def _backward_end(self, unit: Unit) -> Callable[[Any], None]:
+    def _backward_end(self, unit: Unit) -> AtMoment:
         sink, lane, name = self._sink, self._lane, unit.name
         category, phase = BACKWARD
 
-        def backward_end(stamp: Any) -> None:
+        def backward_end(stamp: Moment) -> None:
             self._recompute_start = None  # a recompute no unit started from is over: never carry it further
             start = unit.bwd_start
             if start is not None:
@@ -261,10 +259,10 @@ class UnitTimer:
 
         return backward_end
 
-    def _own_backward_end(self, backward_end: Callable[[Any], None]) -> Callable[[Any, Any], None]:
+    def _own_backward_end(self, backward_end: AtMoment) -> Callable[[Grads, Grads], None]:
         stamp, switch = self._stamp, self._switch
 
-        def own_end(grad_inputs: Any, grad_outputs: Any) -> None:
+        def own_end(grad_inputs: Grads, grad_outputs: Grads) -> None:
             if switch.on and not compiling():
                 try:
                     backward_end(stamp())

@@ -4,12 +4,32 @@ stamps a backward boundary once for every unit waiting on it, and whether a node
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from enum import Enum
+from typing import TYPE_CHECKING, Final, TypeAlias
 
+import torch
 from torch import nn
 
 from instrument.autograd import compiling, consumes
-from instrument.probe import Fail, Stamp, Switch
+from instrument.probe import Fail, Moment, Removable, Stamp, Switch
+
+if TYPE_CHECKING:
+    from torch.autograd.graph import Node
+
+
+class _Marker(Enum):
+    """A ``fwd_start`` that is no moment (an enum member, so that ``is`` tells mypy which it is)."""
+
+    RECOMPUTED = 0
+
+
+RECOMPUTED: Final = _Marker.RECOMPUTED
+"""``Unit.fwd_start`` while backward recomputes the unit's forward (reentrant checkpointing)."""
+
+AtMoment: TypeAlias = Callable[[Moment], None]
+"""What a node's prehook hands its stamp to: a unit's backward start or end."""
+Grads: TypeAlias = tuple[torch.Tensor | None, ...]
+"""The gradients an autograd node's hooks are given (None where an input or output has none)."""
 
 
 class Unit:
@@ -22,26 +42,25 @@ class Unit:
         self.name = name
         self.module = module
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.fwd_start: Any = None
-        self.bwd_start: Any = None
-        self.last_grad: Any = None
+        self.fwd_start: Moment | _Marker = None
+        self.bwd_start: Moment = None
+        self.last_grad: Moment = None
         self.last_param: int | None = None
         """Index in ``params`` of the parameter whose gradient was accumulated last (first backward)."""
-        self.grad_hooks: list[Any] | None = None
-        self.inputs: list[Any] | None = None
+        self.grad_hooks: list[Removable] | None = None
+        self.inputs: list[Node] | None = None
         """The autograd nodes of the current forward's inputs, from the pre hook to the post hook."""
         self.consumes: dict[type, bool] = {}
         """Type of the forward's output node -> whether that node is the unit's whole backward (:func:`~instrument.autograd.consumes`)."""
-        self.recompute: list[Any] | None = None
+        self.recompute: list[Node] | None = None
         """The nodes of the inputs of a forward that built no graph inside a training forward (a reentrant
         checkpoint runs its function under no_grad), kept until backward runs that forward again."""
 
 
-def node_prehook(callbacks: list[Callable[[Any], None]], stamp: Stamp, switch: Switch, fail: Fail
-              ) -> Callable[[Any], None]:
+def node_prehook(callbacks: list[AtMoment], stamp: Stamp, switch: Switch, fail: Fail) -> Callable[[Grads], None]:
     """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node."""
 
-    def prehook(grad_outputs: Any) -> None:
+    def prehook(grad_outputs: Grads) -> None:
         if compiling() or not switch.on:  # compiled autograd traces the backward's hooks
             return
         try:
@@ -54,11 +73,11 @@ def node_prehook(callbacks: list[Callable[[Any], None]], stamp: Stamp, switch: S
     return prehook
 
 
-Boundaries = dict[int, tuple[Any, list[Callable[[Any], None]]]]
+Boundaries = dict[int, tuple["Node", list[AtMoment]]]
 """Autograd node id -> (the node, the callbacks of its prehook)."""
 
 
-def consumes_cached(unit: Unit, node: Any, inputs: list[Any]) -> bool:
+def consumes_cached(unit: Unit, node: Node, inputs: list[Node]) -> bool:
     """:func:`~instrument.autograd.consumes`, worked out once per unit and type of output node (1.6 µs a call, per unit per iteration
     otherwise): a module's forward builds the same graph shape each time. An identity is still told apart."""
     for n in inputs:

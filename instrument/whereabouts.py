@@ -8,11 +8,13 @@ in a collective, a loader or a layer says so every second, even while its traini
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from instrument.events import CollectiveKind, TaskState, collective_name
+from instrument.unit import RECOMPUTED
 
 if TYPE_CHECKING:
+    from instrument.probe import Moment
     from instrument.tracer import Tracer
 
 
@@ -36,7 +38,7 @@ class Whereabouts:
         self._open_seen = {task: since}
         return self._tracer.iteration, task, since, state
 
-    def _open_task(self) -> tuple[str, Any, TaskState]:
+    def _open_task(self) -> tuple[str, Moment, TaskState]:
         tracer = self._tracer
         script: tuple[str, int] | None = tracer._script.in_flight() if tracer._script is not None else None
         if script is not None:
@@ -55,8 +57,9 @@ class Whereabouts:
         for unit in [u for u in begun if u.last_grad is None] or begun[::-1]:
             return f"backward {unit.name}", unit.bwd_start, TaskState.OPEN
         for unit in timers.units:
-            if unit.fwd_start is not None:
-                return f"forward {unit.name}", unit.fwd_start, TaskState.OPEN
+            began = unit.fwd_start
+            if began is not None:  # a recompute's marker is no moment: since when this thread first saw it
+                return f"forward {unit.name}", None if began is RECOMPUTED else began, TaskState.OPEN
         events = tracer._events
         last = events[-1] if events else None
         if last is not None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from instrument.comm import BucketTimer
     from instrument.cuda import CudaTiming
     from instrument.events import RawEvent
-    from instrument.probe import Fail, Stamp, Switch
+    from instrument.probe import Fail, Removable, Stamp, Switch
     from instrument.timerset import TimerSet
 
 UnitFinder = Callable[["nn.Module"], list[tuple[str, "nn.Module"]]]
@@ -39,7 +39,7 @@ def model_device(model: Any) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
-def optimizers(optimizer: Any) -> list[Any]:
+def optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     """The torch optimizers behind ``optimizer``: one, a list of them, or wrappers (accelerate's
     ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) whose ``step()`` calls the torch one's."""
     items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
@@ -74,21 +74,21 @@ def describe_units(names: list[str]) -> str:
     return f"{len(names)} block{'s' * (len(names) != 1)}: {', '.join(parts)}"
 
 
-def units_of(find: UnitFinder, modules: list[Any]) -> list[tuple[str, Any]]:
+def units_of(find: UnitFinder, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
     """``find``'s units of each model; with several models, each unit's name begins with its model's."""
     if len(modules) == 1:
         return list(find(modules[0]))
     return [(f"{prefix}.{name}", unit) for prefix, m in zip(_prefixes(modules), modules) for name, unit in find(m)]
 
 
-def spans_of(find: UnitFinder, modules: list[Any]) -> list[list[tuple[str, Any]]]:
+def spans_of(find: UnitFinder, modules: list[nn.Module]) -> list[list[tuple[str, nn.Module]]]:
     """The span levels around ``find``'s units of each model (instrument/spans.py), named as :func:`units_of`
     names the units; the models are disjoint, so their levels of one depth are one level."""
     from instrument.units import span_levels
 
     if len(modules) == 1:
         return span_levels(modules[0], find(modules[0]))
-    levels: list[list[tuple[str, Any]]] = []
+    levels: list[list[tuple[str, nn.Module]]] = []
     for prefix, m in zip(_prefixes(modules), modules):
         for depth, level in enumerate(span_levels(m, find(m), prefix)):
             if depth == len(levels):
@@ -97,7 +97,7 @@ def spans_of(find: UnitFinder, modules: list[Any]) -> list[list[tuple[str, Any]]
     return levels
 
 
-def _prefixes(modules: list[Any]) -> list[str]:
+def _prefixes(modules: list[nn.Module]) -> list[str]:
     """Each model's name, numbered where two are of one class."""
     from instrument.units import model_name
 
@@ -105,7 +105,7 @@ def _prefixes(modules: list[Any]) -> list[str]:
     return [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
-def unwrap(model: Any) -> tuple[Any, Any]:
+def unwrap(model: nn.Module) -> tuple[torch.nn.parallel.DistributedDataParallel | None, nn.Module]:
     """(the DDP wrapper or None, the module whose units are timed) for a plain, DDP or compiled model.
 
     ``torch.compile(DDP(m))`` keeps its DDP under ``_orig_mod``: the bucket timer goes there, the timing
@@ -142,11 +142,11 @@ class Collectives:
     """DDP's gradient buckets' all-reduces."""
     script: ScriptCollectives | None = None
     """The script's own collectives (``dist.all_reduce``, ``dist.barrier``...)."""
-    handles: list[Any] = field(default_factory=list)
-    """What the tracer removes when it stops (each has a ``remove()``)."""
+    handles: list[Removable] = field(default_factory=list)
+    """What the tracer removes when it stops."""
 
 
-def time_collectives(ddp: torch.nn.parallel.DistributedDataParallel | None, modules: list[Any], rank: int,
+def time_collectives(ddp: torch.nn.parallel.DistributedDataParallel | None, modules: list[nn.Module], rank: int,
                      world: int, probe: Probe, iteration: Callable[[], int]) -> Collectives:
     """Time the job's collectives on the ``comm`` lane of ``probe``: DDP's buckets (and its buffer broadcast, on
     the main lane), else FSDP2's all-gathers and reduce-scatters; and beside either, the script's own.
@@ -189,7 +189,7 @@ def time_collectives(ddp: torch.nn.parallel.DistributedDataParallel | None, modu
 class Models:
     """The models given to ``attach()``, unwrapped, and the timers of their units (:func:`wire_models`)."""
 
-    given: list[Any]
+    given: list[nn.Module]
     """As given: their top forward opens and closes iterations."""
     modules: list[nn.Module]
     """Each one behind its DDP or compiled wrapper."""
