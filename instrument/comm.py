@@ -46,6 +46,9 @@ _work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c
 
 _compiling = torch.compiler.is_compiling
 
+BucketDone = Callable[[torch.futures.Future[list[torch.Tensor]]], list[torch.Tensor]]
+"""The callback on a bucket's all-reduce future: notes the end, hands the reduced bucket on."""
+
 _inside = threading.local()
 """``inside.tap`` is True on a thread running the tap's all-reduce: the reducer holds its lock there."""
 
@@ -53,7 +56,7 @@ _inside = threading.local()
 class _Tap(dist.ProcessGroup):
     """The process group DDP's reducer sees: the real one's backends, and :meth:`allreduce` noted on the way."""
 
-    def __init__(self, inner: dist.ProcessGroup, issued: Callable[[Sequence[torch.Tensor]], Any]) -> None:
+    def __init__(self, inner: dist.ProcessGroup, issued: Callable[[Sequence[torch.Tensor]], BucketDone | None]) -> None:
         super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg] # the stubs know one overload
         self.inner = inner
         self._issued = issued
@@ -195,7 +198,7 @@ class BucketTimer:
         """A forward that will all-reduce in its backward: the reducer starts again at bucket 0."""
         self._next = 0
 
-    def _issued(self, tensors: Sequence[torch.Tensor]) -> Callable[[Any], Any] | None:
+    def _issued(self, tensors: Sequence[torch.Tensor]) -> BucketDone | None:
         """The reducer hands a bucket over: note it; the callback for its future, or None if untimed.
 
         Runs on the training thread for every bucket, and its callback on the collective's thread: both kept to
@@ -223,7 +226,8 @@ class BucketTimer:
         name, size = known[2], known[3][0]
         open_, ended = self._open, self._probe.ended
 
-        def done(future: Any, held: Held = Held(self.pending)) -> Any:  # noqa: B008 - one per callback, on purpose
+        def done(future: torch.futures.Future[list[torch.Tensor]],
+                 held: Held = Held(self.pending)) -> list[torch.Tensor]:  # noqa: B008 - one per callback, on purpose
             open_.pop(index, None)
             ended(COLLECTIVE, name, ready, size)
             return future.value()  # a failed collective raises here, as it would without dagtop

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from instrument.events import COLLECTIVE, CollectiveKind, collective_name
-from instrument.probe import Probe
+from instrument.probe import Moment, Probe
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -122,7 +122,7 @@ class _Names:
         self._full: dict[tuple[str, int], str] = {}
         """(base name, id of the process group) → the name with the group's ranks, made once."""
 
-    def __call__(self, base: str, group: Any) -> str:
+    def __call__(self, base: str, group: dist.ProcessGroup | None) -> str:
         it = self._iteration()
         if it != self._seen:
             self._counts.clear()
@@ -135,7 +135,7 @@ class _Names:
         return name if n == 1 else f"{name} #{n}"
 
 
-def _group_suffix(group: Any) -> str:
+def _group_suffix(group: dist.ProcessGroup | None) -> str:
     """'' for a group of the whole job, else its ranks: the same string on every rank of the group."""
     ranks = sorted(dist.get_process_group_ranks(group))
     if len(ranks) == dist.get_world_size():
@@ -149,7 +149,7 @@ class _Timed:
 
     def __init__(self, inner: Any, base: str, names: _Names, probe: Probe) -> None:
         self.inner = inner
-        self.done: Any = None
+        self.done: Moment = None
         """The stamp of the last synchronous call's end: where HSDP's all-reduce, issued right after, begins."""
         self._base, self._backward_base = base, f"{base} (backward)"
         self._names, self._probe = names, probe
@@ -158,7 +158,8 @@ class _Timed:
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return self.inner.allocate(size, dtype=dtype, device=device)  # type: ignore[no-any-return]
 
-    def _timed(self, call: Callable[[], Any], tensor: torch.Tensor, group: Any, backward_named: bool) -> Any:
+    def _timed(self, call: Callable[[], Any], tensor: torch.Tensor, group: dist.ProcessGroup,
+               backward_named: bool) -> Any:
         if not self._switch.on:
             return call()
         try:
@@ -218,7 +219,8 @@ class TimedAllReduce:
     reduce-scatter (a shard group of one rank) it is not timed. A hook the user had set still runs, after ours.
     """
 
-    def __init__(self, scatter: _Timed, user_hook: Callable[[torch.Tensor], None] | None, base: str, group: Any,
+    def __init__(self, scatter: _Timed, user_hook: Callable[[torch.Tensor], None] | None, base: str,
+                 group: dist.ProcessGroup,
                  names: _Names, probe: Probe) -> None:
         self.user_hook = user_hook
         self._scatter, self._base, self._group = scatter, base, group
