@@ -303,8 +303,8 @@ def _run(args: argparse.Namespace) -> int:
         if problem:
             print(f"dagtop: {problem}", file=sys.stderr)
             return Exit.USAGE
-    # One lazy import per command, so that `dagtop report` never loads Textual nor `dagtop` torch; written out
-    # (not a table of module names) so that mypy and import-linter see every one.
+    # One lazy import per command, so that each loads only what it needs (`dagtop report` no Textual); written
+    # out, not a table of module names, so that mypy and import-linter see every one.
     match args.command:
         case "keygen":
             from dagtop.io.auth import run_keygen as run
