@@ -15,6 +15,7 @@ from typing import Any, Final
 import torch
 
 from instrument.batch import map_tensors
+from instrument.events import RawEvent
 
 POOL_EVENTS: Final = 4096
 """Preallocated events: a few iterations' worth of a 1,000-event model, so hooks never allocate."""
@@ -47,7 +48,7 @@ class CudaTiming:
         self._anchor_ns = 0
         self._index = torch.device(device).index or 0
         self._streams: dict[tuple[int, int, int], torch.cuda.Stream] = {}
-        self._waiting: tuple[Sequence[tuple[Any, ...]] | None, int] = (None, 0)
+        self._waiting: tuple[Sequence[RawEvent] | None, int] = (None, 0)
         """The iteration ready() last found incomplete, and how many of its events it found complete."""
 
     def stamp(self) -> torch.cuda.Event | None:
@@ -108,7 +109,7 @@ class CudaTiming:
         if self._anchor is None or now - begin <= CALIBRATION_WAIT_NS:
             self._anchor_ns, self._anchor = now, anchor
 
-    def ready(self, events: Sequence[tuple[Any, ...]]) -> bool:
+    def ready(self, events: Sequence[RawEvent]) -> bool:
         """True once the GPU has passed every stamp of the iteration (``query()`` never waits).
 
         Polled every few milliseconds while the GPU runs behind: it resumes where the last poll stopped,
@@ -124,7 +125,7 @@ class CudaTiming:
         self._waiting = (None, 0)
         return True
 
-    def resolve(self, events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    def resolve(self, events: Sequence[RawEvent]) -> list[RawEvent]:
         """Replace every event's CUDA stamps by CPU nanoseconds and give the events back to the pool."""
         if self._anchor is None:
             self.calibrate()

@@ -18,6 +18,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from instrument import settings, sockets, wire
 from instrument.background import run_in_the_background
+from instrument.events import RawEvent
 from instrument.keys import curve_keys
 from instrument.spans import fill_spans
 from instrument.teardown import GATE_TIMEOUT_S, Gate, GpuResolver
@@ -125,7 +126,7 @@ class Publisher:
 
     # ------------------------------------------------------------------ training thread
 
-    def put_iteration(self, iteration: int, events: list[tuple[Any, ...]]) -> None:
+    def put_iteration(self, iteration: int, events: list[RawEvent]) -> None:
         """Hand one iteration's events over; never blocks, drops (and counts) when the queue is full."""
         if len(self._queue) >= QUEUE_FRAMES:
             self.dropped_queue += 1

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from instrument.events import RawEvent
 
 SPAN: Final = "span:"
 """Prefix of a span's lane: ``span:main`` is a span of a module on the ``main`` lane."""
@@ -26,7 +29,7 @@ modules called one after the other, the hooks' own dispatch leaves a stretch of 
 VM, a Sequential of Linear layers), which is dagtop's cost, not the module's work."""
 
 
-def fill_spans(events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+def fill_spans(events: Sequence[RawEvent]) -> list[RawEvent]:
     """The events with each span replaced by its uncovered stretches (see the module docstring).
 
     Events are ``(category, phase, name, lane, start_ns, end_ns, bytes)``.

@@ -21,7 +21,10 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+if TYPE_CHECKING:
+    from instrument.events import RawEvent
 
 GATE_TIMEOUT_S: Final = 10.0
 """How long ``close()`` waits, past its own timeout, for a call into torch under way on the publisher thread (an
@@ -34,9 +37,9 @@ thread-local state (torch 2.13)."""
 class GpuResolver(Protocol):
     """Turns an iteration's CUDA events into CPU-clock nanoseconds once the GPU has run them."""
 
-    def ready(self, events: Sequence[tuple[Any, ...]]) -> bool: ...
+    def ready(self, events: Sequence[RawEvent]) -> bool: ...
 
-    def resolve(self, events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]: ...
+    def resolve(self, events: Sequence[RawEvent]) -> list[RawEvent]: ...
 
     def calibrate(self) -> None: ...
 
@@ -125,11 +128,11 @@ class Gate:
         self._lock.release()
         return True
 
-    def ready(self, events: Sequence[tuple[Any, ...]]) -> bool:
+    def ready(self, events: Sequence[RawEvent]) -> bool:
         with self._lock:
             return self._open and self._resolver.ready(events)
 
-    def resolve(self, events: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
+    def resolve(self, events: Sequence[RawEvent]) -> list[RawEvent] | None:
         """The events on the CPU clock, or None once the gate is shut (the frame cannot be sent)."""
         with self._lock:
             return self._resolver.resolve(events) if self._open else None
