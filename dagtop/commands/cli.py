@@ -72,43 +72,41 @@ def _number(text: str, kind: Callable[[str], _N], what: str) -> _N:
         raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
 
 
-def _count(text: str) -> int:
-    """A whole number of at least 1 (ranks, iterations)."""
-    value = _number(text, int, "a whole number")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def _ranged(name: str, kind: Callable[[str], _N], what: str, ok: Callable[[_N], bool], message: str,
+            ) -> Callable[[str], _N]:
+    """An argparse ``type=`` checker: the text read as ``kind`` (else "not ``what``"), refused unless ``ok``.
+
+    Args:
+        name: the checker's ``__name__`` (argparse's ``%(type)s``), the name it is bound to.
+        message: formatted with ``value`` (the number) and ``text`` (as typed) when ``ok`` says no.
+    """
+
+    def check(text: str) -> _N:
+        value = _number(text, kind, what)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(message.format(value=value, text=text))
+        return value
+
+    check.__name__ = check.__qualname__ = name
+    return check
 
 
-def _niceness(text: str) -> int:
-    """How much to lower the monitor's priority: 0 (not at all) to 19 (the least CPU when others want it)."""
-    value = _number(text, int, "a whole number")
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 19, not {value}")
-    return value
-
-
-def _speed(text: str) -> float:
-    value = _number(text, float, "a number")
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (as fast as possible) or more, not {text}")
-    return value
-
-
-def _refresh(text: str) -> float:
-    """Seconds between redraws of the screen, like htop's ``-d``: 0.05 (20 a second) to 60."""
-    value = _number(text, float, "a number of seconds")
-    if not 0.05 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"must be from 0.05 to 60 seconds, not {text}")
-    return value
-
-
-def _bandwidth(text: str) -> float:
-    """A bus bandwidth in GB/s (bytes: 100 Gb/s Ethernet is 12.5), above 0."""
-    value = _number(text, float, "a bandwidth in GB/s")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be above 0 GB/s, not {text}")
-    return value
+_count = _ranged("_count", int, "a whole number", lambda n: n >= 1, "must be at least 1, not {value}")
+"""A whole number of at least 1 (ranks, iterations)."""
+_niceness = _ranged("_niceness", int, "a whole number", lambda n: 0 <= n <= 19, "must be from 0 to 19, not {value}")
+"""How much to lower the monitor's priority: 0 (not at all) to 19 (the least CPU when others want it)."""
+_speed = _ranged("_speed", float, "a number", lambda x: x >= 0,  # NaN fails every comparison: refused
+                 "must be 0 (as fast as possible) or more, not {text}")
+"""Replay speed: 0 (as fast as possible) or more."""
+_refresh = _ranged("_refresh", float, "a number of seconds", lambda s: 0.05 <= s <= 60,
+                   "must be from 0.05 to 60 seconds, not {text}")
+"""Seconds between redraws of the screen, like htop's ``-d``: 0.05 (20 a second) to 60."""
+_bandwidth = _ranged("_bandwidth", float, "a bandwidth in GB/s", lambda gbps: 0 < gbps < float("inf"),
+                     "must be above 0 GB/s, not {text}")
+"""A bus bandwidth in GB/s (bytes: 100 Gb/s Ethernet is 12.5), above 0."""
+_price = _ranged("_price", float, "a price", lambda usd: 0 <= usd < float("inf"),
+                 "{text!r} is not a price: a number of dollars, 0 or more")
+"""Dollars per GPU-hour: 0 or more, finite."""
 
 
 def _metrics_address(text: str) -> tuple[str, int]:
@@ -146,13 +144,6 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def _exit_statuses() -> str:
     return "exit status:\n" + "\n".join(f"{number:<4} {meaning}" for number, _, meaning in table())
-
-
-def _price(text: str) -> float:
-    value = _number(text, float, "a price")
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a price: a number of dollars, 0 or more")
-    return value
 
 
 def _cost_options(p: argparse.ArgumentParser, **kw: Any) -> None:
