@@ -39,9 +39,11 @@ STEPS, STEP_MS, IDLE_S = 400, 30, 60
 """The lossy link's job: frames faster than the link carries them for a while (some come many seconds late), then
 time for them to arrive."""
 BACK_WITHIN_S = {"monitor stopped": 5.0, "port blocked": 45.0}
-"""A stopped monitor's ranks are back at once. A port that dropped every packet waits on TCP's retransmission
-back-off (the retry after the 30 s comes ~51 s after the first loss), as the ranks set no TCP_MAXRT: cutting the
-connection instead would lose the frames it held, on lossy links too (instrument/publisher.py)."""
+"""A stopped monitor's ranks are back at once: within a second of its reading again, its ping
+(:data:`dagtop.io.sources.PING_EVERY_MS`) shows each rank's TCP the open window; without it a rank could wait for its
+zero-window probe, backed off through the outage (15.4 s in CI). A port that dropped every packet waits on TCP's
+retransmission back-off (the retry after the 30 s comes ~51 s after the first loss), as the ranks set no TCP_MAXRT:
+cutting the connection instead would lose the frames it held, on lossy links too (instrument/publisher.py)."""
 S = 1_000_000_000
 
 

@@ -33,10 +33,9 @@ import zmq
 
 from dagtop.exits import Exit
 from dagtop.io.auth import AuthError, MonitorAuth
-from dagtop.io.sources import RCVHWM, BindError
+from dagtop.io.sources import BindError, listen_to_ranks
 from instrument.keys import curve_keys
 from instrument.sockets import SNDHWM, reconnect_quickly
-from instrument.wire import MAX_FRAME_BYTES
 
 POLL_MS = 1000
 """The longest the relay sleeps with nothing to do: what bounds how late it sees a stop signal."""
@@ -72,9 +71,7 @@ class Relay:
         self.ranks = self._context.socket(zmq.XSUB)
         self.monitor = self._context.socket(zmq.XPUB)
         try:
-            self.ranks.setsockopt(zmq.LINGER, 0)
-            self.ranks.setsockopt(zmq.RCVHWM, RCVHWM)
-            self.ranks.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+            listen_to_ranks(self.ranks)
             self.monitor.setsockopt(zmq.LINGER, 0)
             self.monitor.setsockopt(zmq.SNDHWM, SNDHWM)
             self.monitor.setsockopt(zmq.XPUB_NODROP, 1)

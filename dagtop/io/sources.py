@@ -26,12 +26,31 @@ RCVHWM = 1000
 """Messages libzmq queues per connected rank before it stops reading that rank's connection (TCP pushes back and
 the rank's XPUB counts what it cannot send): as many as the rank's own send queue, minutes of a rank's frames,
 and with MAXMSGSIZE a bound on what one connection can make the monitor hold."""
+PING_EVERY_MS = 1000
+"""How often the monitor's end of each connection sends ZeroMQ's heartbeat (a ZMTP PING of a few bytes): not for
+liveness (ranks say where they are in their frames; no timeout either, so a slow monitor never cuts a rank and
+loses what it held) but to move the TCP window along. A monitor that stops reading long enough to fill its receive
+buffer (stopped, paused, far behind) reopens its window, when it reads again, with one update that can be smaller
+than the rank's next segment; that rank then sends nothing until its next zero-window probe, whose interval has
+doubled all through the outage (~15 s after a 30 s one), and a receiver whose window is open says nothing more on
+its own. Any segment from the monitor carries its whole open window: each rank is heard again within about this
+long of the monitor reading again (tests/test_faults.py, the monitor stopped 30 s)."""
 REFUSED_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 """Handshakes that --auth refused: a wrong key (AUTH), a rank without keys (PROTOCOL: it spoke no CURVE)."""
 
 ANY_LOCAL_PORT = "tcp://127.0.0.1:*"
 """Bind a port ZeroMQ picks on 127.0.0.1 (the demo's default): :attr:`ZmqSource.endpoint` then names it."""
+
+
+def listen_to_ranks(sock: zmq.Socket[bytes]) -> None:
+    """Set up the side that ranks (or relays) connect to, before it binds: how much it holds per connection
+    (:data:`RCVHWM`, ``MAXMSGSIZE``), no linger, and a ping on every connection (:data:`PING_EVERY_MS`)."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, RCVHWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, PING_EVERY_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 0)  # never cut a connection for silence: late is not lost
 
 
 class BindError(Exception):
@@ -77,9 +96,7 @@ class ZmqSource(FrameSource):
         self._own_context = auth is not None and context is None  # one ZAP handler per context: a context of its own
         self._context = zmq.Context() if self._own_context else (context or zmq.Context.instance())
         self._socket = self._context.socket(zmq.SUB)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.RCVHWM, RCVHWM)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        listen_to_ranks(self._socket)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._auth = auth
         self._events: zmq.Socket[bytes] | None = None
