@@ -29,10 +29,11 @@ QUEUE_FRAMES: Final = 1024
 
 SNDBUF_BYTES: Final = 16 * 1024
 """The kernel's send buffer for a rank's connection (Linux doubles it: ~50 iteration frames of a small model). Left
-to itself that buffer grows to megabytes while the monitor is stopped or the link slow, and every frame in it must
-go before a fresh one: a monitor stopped 30 s saw rank 0's fresh frames 15.6 s after it resumed (0.1 s with this
-buffer; benchmarks/faults.py). The frames wait in ZeroMQ's queue (:data:`~instrument.sockets.SNDHWM`) instead. One
-rank's frames need far less than it carries."""
+to itself that buffer grows to megabytes when the link is slow or the monitor stopped, and every frame in it must
+go before a fresh one; kept small, the frames wait in ZeroMQ's queue (:data:`~instrument.sockets.SNDHWM`) instead,
+which counts what it cannot hold. One rank's frames need far less than it carries. (A rank heard ~15 s late after
+a monitor stopped 30 s was not this buffer but TCP's zero-window probe, with this buffer too: the monitor's ping,
+dagtop's ``PING_EVERY_MS``, ends that wait.)"""
 GPU_POLL_S: Final = 0.02
 """While an iteration's CUDA events have not run yet, how often the publisher thread looks again. Otherwise it
 sleeps until something is enqueued, a monitor subscribes, or a hello or calibration is due."""
