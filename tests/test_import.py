@@ -28,9 +28,9 @@ from dagtop.io.sources import RecordingSource
 from dagtop.model.pipeline import Pipeline
 from instrument import wire
 
-STEPS = 16
+STEPS = 80
 """Profiled steps: enough for the straggler test to name a rank above the other in every one (it needs 11 of 11 at
-the least, with two ranks; a few more as the noise's serial correlation is estimated)."""
+the least, with two ranks, and a window that lasts 2 s: the compute job's steps are of 30–40 ms here)."""
 
 
 def _report(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:

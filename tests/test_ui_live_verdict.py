@@ -37,8 +37,6 @@ def _said(headline: str) -> tuple[str, bool] | None:
     return (found.group(1).strip(), False) if found else None
 
 
-@pytest.mark.xfail(strict=False, reason="known defect (#25): the final CI of stop 34 saw the live headline name a false "
-                   "straggler (rank 0, compute +4 ms [1, 7]) on this balanced job once; intermittent; to be fixed, not hidden")
 def test_a_balanced_jobs_headline_names_no_straggler_and_never_flips(endpoint: str) -> None:
     session = f"dagtop-live-{uuid.uuid4().hex[:8]}"
     command = "env -u COLUMNS -u LINES " + shlex.join([sys.executable, "-m", "dagtop", "--bind", endpoint])

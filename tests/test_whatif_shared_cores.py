@@ -63,7 +63,7 @@ def test_a_compute_straggler_on_shared_cores_gets_a_lower_bound_with_its_figure_
 
 def job_frames(category: str, device: str = "cpu") -> list[RawFrame]:
     frames = synthetic_frames(SyntheticJob(ranks=3, slow_ranks=(2,), slow_category=category, slow_factor=3.0),
-                              iterations=40, seed=3)
+                              iterations=100, seed=3)
     if device == "cpu":
         return frames
     out = []

@@ -35,7 +35,7 @@ def sign_test(n: float, k: float) -> float:
     """One-sided p-value of the sign test: the chance of ``k`` or more of ``n`` non-zero values above zero when each
     is as likely above as below (1.0 for n = 0).
 
-    ``n`` and ``k`` may be fractional, as an effective sample size makes them (:func:`effective_size`): the tail is
+    ``n`` and ``k`` may be fractional, as an effective sample size makes them (:func:`dagtop.model.straggler.evidence`): the tail is
     then the regularized incomplete beta function I½(k, n − k + 1), which is the binomial tail at whole numbers.
     """
     if n <= 0 or k <= 0:
@@ -45,13 +45,6 @@ def sign_test(n: float, k: float) -> float:
     if float(n).is_integer() and float(k).is_integer():
         return _tail(int(n), int(k))
     return _incomplete_beta(k, n - k + 1.0, 0.5)
-
-
-def effective_size(n: int, rho: float) -> float:
-    """How many independent values ``n`` values with lag-1 autocorrelation ``rho`` are worth, for a count or a mean:
-    n (1 − ρ) / (1 + ρ) (the variance of a sum of AR(1) values grows by (1 + ρ) / (1 − ρ)); n itself for ρ ≤ 0."""
-    rho = min(max(rho, 0.0), 0.95)
-    return n * (1.0 - rho) / (1.0 + rho)
 
 
 def _incomplete_beta(a: float, b: float, x: float) -> float:

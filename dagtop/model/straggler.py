@@ -9,15 +9,27 @@ iterations a rank is named, in a category, when:
 
 1. **the sign test says it is not chance**: it was above the others in k of the window's n iterations (ties left
    out), and the one-sided p-value P(Binomial(n, ½) ≥ k), multiplied by the number of tests (ranks × categories
-   some rank spends the minimum effect in: Bonferroni, every one had its chance), is at most :data:`NAME_ALPHA`. With two ranks
-   one of them is above the other in half of the iterations by chance, and above it in 12 of 20 with probability
-   0.25: a share of "late" iterations is no evidence; 19 of 20 is (p = 2·10⁻⁵). The level is strict because the
-   live verdict asks again at every iteration, a few hundred times an hour: at 2·10⁻⁴ a balanced job of 60
-   iterations watched live gets a name in under 1 % of runs (tests/test_straggler.py simulates it), and a straggler
-   above the others in every iteration is named from its 14th (two ranks; 16th with four). Noise on a shared machine is not independent from one iteration to the next (a rank starved of
-   CPU for a few seconds is above the others for a run of iterations), which would fool the test more often than
-   its p-value says: n and k are first shrunk to their effective size, n (1 − ρ) / (1 + ρ), with ρ the lag-1
-   autocorrelation of the signs it counts (pooled over the ranks and the recent iterations, :func:`_serial`);
+   some rank spends the minimum effect in: Bonferroni, every one had its chance), is at most :data:`NAME_ALPHA`. With
+   two ranks one of them is above the other in half of the iterations by chance, and above it in 12 of 20 with
+   probability 0.25: a share of "late" iterations is no evidence; 19 of 20 is (p = 2·10⁻⁵). The level is strict
+   because the live verdict asks again at every iteration, a few hundred times an hour: at 2·10⁻⁴ a balanced job of
+   60 iterations watched live gets a name in under 1 % of runs (tests/test_straggler.py simulates it), and a
+   straggler above the others in every iteration is named from its 14th (two ranks; 16th with four).
+
+   Noise on a shared machine is not independent from one iteration to the next: the scheduler favours one rank
+   over another for a second or two at a time, and a balanced job of 45-ms steps on this 2-core machine showed runs
+   of 20–35 iterations with one rank above, while the lag-1 autocorrelation of its signs was only 0.06–0.26 (the
+   dependence is long, not strong). Two things keep such runs from naming anyone:
+
+   - the window **lasts** :data:`SPAN_S` seconds at least (:func:`span`: a job of fast steps is judged over more of
+     them, up to :data:`LONGEST`), and nothing is named from a shorter one, a recording's either: a rank slower for
+     a second is not a straggler yet (in the simulation of tests/test_straggler.py, a job whose first run of one
+     rank favoured came at its start was given a straggler in 10 of 30 runs without this);
+   - n and k are shrunk to their **effective size**, n divided by how much more a window's count of "above" varies
+     than independent signs would (:func:`_inflation`), over the last :data:`HISTORY_SPANS` windows' worth of
+     iterations: from the counts of every window in them once there are three (a balanced job's runs make the counts
+     swing from window to window; a straggler above in nearly every iteration keeps its count, so its evidence is
+     not mistaken for dependence), or from the lag-1 autocorrelation ρ of the signs, (1 + ρ) / (1 − ρ), if larger.
 2. **the effect is large enough to act on, with confidence**: its median excess is at least 10 % of the window's
    median iteration (:data:`NAME_EFFECT` times :func:`min_effect`), and the lower end of its 95 % interval at least
    5 % (and 1 ms): a rank whose excess stays small is not named however regular it is.
@@ -40,7 +52,7 @@ import numpy as np
 
 from dagtop.model.analysis import medians_of_the_others
 from dagtop.model.snapshot import IterationAnalysis, SteadyStraggler
-from dagtop.model.stats import effective_size, median_interval, sign_test
+from dagtop.model.stats import median_interval, sign_test
 from dagtop.model.table import F64
 
 NAME_ALPHA: Final = 2e-4
@@ -56,6 +68,17 @@ NAME_EFFECT: Final = 2.0
 """...and a name needs a median excess of this many times that floor (10 % of the iteration): on a 2-core machine
 under load, a balanced job's rank was seen above the other by 5 % of the iteration, consistently, for a minute
 (the scheduler's unfairness, not the job's); such a rank, named, would send someone to drain a node for nothing."""
+SPAN_S: Final = 2.0
+"""A rank is named only from a window of iterations that lasts this many seconds at least (and holds
+:data:`~dagtop.model.verdict.WINDOW` iterations at least): on a shared machine the scheduler favours one rank over
+another for a second or two at a time (measured here: runs of 20-35 iterations of 45 ms with one rank above), which
+in a window of 20 fast iterations looks like a straggler. A job of 100-ms steps or slower is judged over its last 20
+iterations; one of 45-ms steps over its last 45."""
+LONGEST: Final = 150
+"""The most iterations a window holds, however short they are."""
+HISTORY_SPANS: Final = 8
+"""The noise's dependence is measured over up to this many windows' worth of iterations (the window's own and those
+before it)."""
 CONFIDENCE: Final = 0.95
 """Coverage of the excess's interval."""
 WORK: Final = ("io", "pcie", "compute")
@@ -84,9 +107,27 @@ class RankEvidence:
     """Median of its excess over every iteration of the window."""
     excess_range_ms: tuple[float, float]
     """The median's :data:`CONFIDENCE` interval."""
-    serial: float = 0.0
-    """The serial correlation of the signs (:func:`_serial`, ≥ 0) that shrank the sign test's sample to its
-    effective size."""
+    inflation: float = 1.0
+    """How many times the sign test's sample was shrunk for the noise's dependence (:func:`_inflation`, ≥ 1)."""
+
+
+def span(window: Sequence[IterationAnalysis], history: Sequence[IterationAnalysis]) -> Sequence[IterationAnalysis]:
+    """The iterations the straggler is judged over: ``window``, or more of ``history`` (which ends with it) until they
+    last :data:`SPAN_S` seconds, at most :data:`LONGEST` of them."""
+    if len(history) <= len(window):
+        return window
+    held, lasted = len(window), sum(a.measured_ms for a in window)
+    longest = min(len(history), max(LONGEST, len(window)))
+    while held < longest and lasted < SPAN_S * 1000.0:
+        held += 1
+        lasted += history[-held].measured_ms
+    return history[-held:]
+
+
+def lasts(window: Sequence[IterationAnalysis]) -> bool:
+    """Whether ``window`` lasts long enough to name a rank from: :data:`SPAN_S` seconds, or :data:`LONGEST`
+    iterations."""
+    return len(window) >= LONGEST or sum(a.measured_ms for a in window) >= SPAN_S * 1000.0
 
 
 def evidence(window: Sequence[IterationAnalysis], history: Sequence[IterationAnalysis] = ()) -> list[RankEvidence]:
@@ -95,13 +136,13 @@ def evidence(window: Sequence[IterationAnalysis], history: Sequence[IterationAna
     then the largest median excess). A rank missing from an iteration is left out of that iteration.
 
     Args:
-        history: a longer run of counted iterations ending with the window, to estimate the serial correlation
-            from (20 values of two ranks, the ones of the window, say little of it); default the window.
+        history: a longer run of counted iterations ending with the window, to estimate the noise's dependence
+            from (:func:`_inflation`: the last :data:`HISTORY_SPANS` windows' worth of it); default the window.
     """
     ranks = sorted({row.rank for a in window for row in a.per_rank})
     if len(ranks) < 2 or not window:
         return []
-    longer = history if len(history) > len(window) else window
+    longer = history[-HISTORY_SPANS * len(window):] if len(history) > len(window) else window
     floor = min_effect(window)
     tests = []
     for category in WORK:
@@ -116,18 +157,18 @@ def evidence(window: Sequence[IterationAnalysis], history: Sequence[IterationAna
         suspects = np.flatnonzero(medians >= floor)
         if not len(suspects):
             continue
-        rho = _serial(_excess(longer, ranks, category))
+        inflation = _inflation(_excess(longer, ranks, category), len(window))
         above = (excess > 0).sum(axis=0)
         below = (excess < 0).sum(axis=0)
         for j in suspects.tolist():
             column = excess[:, j]
             values = column[~np.isnan(column)].tolist()
             k, n = int(above[j]), int(above[j] + below[j])
-            n_eff = effective_size(n, rho)
-            p = sign_test(n_eff, k * n_eff / n) if n else 1.0
+            n_eff = n / inflation
+            p = sign_test(n_eff, min(k * n_eff / n, n_eff)) if n else 1.0
             lo, hi = median_interval(values, CONFIDENCE)
             out.append(RankEvidence(ranks[j], category, k, n, min(1.0, p * len(ranks) * len(tests)),
-                                    float(medians[j]), (float(lo), float(hi)), max(rho, 0.0)))
+                                    float(medians[j]), (float(lo), float(hi)), inflation))
     out.sort(key=lambda e: (e.p_value, -e.excess_ms, e.rank, e.category))
     return out
 
@@ -157,8 +198,11 @@ def _excess(window: Sequence[IterationAnalysis], ranks: list[int], category: str
     return _times(window, ranks, category, excess=True)
 
 
-_ROWS_KEPT: Final = 3 * 96
-"""Rows kept by :func:`_row`: three categories of the 60 analyses the verdict reads, and some."""
+_ROWS_KEPT: Final = 4 * (HISTORY_SPANS * LONGEST + 20)
+"""Rows kept by :func:`_row`: four categories (io, pcie, compute, busy) of the longest history the verdict reads,
+and some..."""
+_ROW_VALUES_KEPT: Final = 4_000_000
+"""...and at most this many values in all (32 MB): a thousand ranks' rows are many times fewer."""
 _rows: dict[tuple[int, str], tuple[object, tuple[int, ...], F64, F64]] = {}
 """Per analysis's rows (by identity, the rows themselves held so that their id is not reused) and category:
 (rows, ranks, ms, excess ms)."""
@@ -175,7 +219,7 @@ def _row(a: IterationAnalysis, category: str) -> tuple[tuple[int, ...], F64, F64
             times = np.array([getattr(row, f"{category}_ms") for row in a.per_rank])
         excess = times - medians_of_the_others(times) if len(times) >= 2 else np.full_like(times, np.nan)
         held = (a.per_rank, ranks, times, excess)
-        if len(_rows) >= _ROWS_KEPT:
+        while _rows and (len(_rows) >= _ROWS_KEPT or len(_rows) * 2 * len(times) >= _ROW_VALUES_KEPT):
             del _rows[next(iter(_rows))]
         _rows[key] = held
     return held[1], held[2], held[3]
@@ -188,14 +232,8 @@ def _serial(excess: F64) -> float:
     doubt, while a balanced job's drift shows as runs of one sign."""
     if len(excess) < 2:
         return 0.0
-    if not np.isnan(excess).any():
-        signs = np.sign(excess)
-        e = signs - signs.mean(axis=0)
-        den = float((e * e).sum())
-        return float((e[:-1] * e[1:]).sum()) / den if den > 0 else 0.0
     num = den = 0.0
-    for column in excess.T:
-        signs = np.sign(column[~np.isnan(column)])
+    for signs in _signs(excess):
         if len(signs) < 2:
             continue
         e = signs - signs.mean()
@@ -204,16 +242,49 @@ def _serial(excess: F64) -> float:
     return num / den if den > 0 else 0.0
 
 
+def _signs(excess: F64) -> list[F64]:
+    """Each rank's signs of its excess (+1 above, −1 below, 0 a tie), its missing iterations left out."""
+    if not np.isnan(excess).any():
+        return list(np.sign(excess).T)
+    return [np.sign(column[~np.isnan(column)]) for column in excess.T]
+
+
+def _inflation(excess: F64, n: int) -> float:
+    """How many times more the count of "above" in a window of ``n`` iterations varies than it would if the signs
+    were independent (at least 1), from ``excess`` (iterations × ranks, oldest first, ending with the window).
+
+    With three windows' worth of iterations or more: the variance of the sum of the signs over every window of ``n``
+    in them, against n times the variance of one sign, pooled over the ranks (the batch-means estimate: it counts
+    the dependence at every lag up to n, which a regime of one rank favoured for a second or two is), or
+    (1 + ρ) / (1 − ρ) from the lag-1 autocorrelation ρ (:func:`_serial`), whichever is larger: over a few windows the
+    batch means underestimate a long dependence, and the first lag alone misses it. With fewer iterations: the
+    first lag's figure alone."""
+    rho = min(max(_serial(excess), 0.0), 0.95)
+    lag1 = (1.0 + rho) / (1.0 - rho)
+    if len(excess) < 3 * n:
+        return lag1
+    num = den = 0.0
+    for signs in _signs(excess):
+        if len(signs) < 3 * n:
+            continue
+        num += float(np.convolve(signs, np.ones(n), "valid").var())
+        den += n * float(signs.var())
+    return max(lag1, num / den) if den > 0 else lag1
+
+
 def decide(window: Sequence[IterationAnalysis], previous: SteadyStraggler | None = None,
            history: Sequence[IterationAnalysis] = ()) -> SteadyStraggler | None:
-    """The straggler over ``window`` (oldest first, counted iterations only), given the one named before it; None
-    when no rank passes the rule (see the module's docstring). ``history``: as for :func:`evidence`."""
+    """The straggler over ``window`` (oldest first, counted iterations only) or the longer :func:`span` of
+    ``history`` that lasts :data:`SPAN_S`, given the one named before it; None when no rank passes the rule (see the
+    module's docstring). ``history``: the counted iterations ending with the window, as for :func:`evidence`."""
     if not window:
         return None
+    window = span(window, history)
+    young = not lasts(window)  # evidence may keep a name, but not give one
     floor = min_effect(window)
     found = evidence(window, history)
-    named = next((e for e in found if e.p_value <= NAME_ALPHA and e.excess_range_ms[0] >= floor
-                  and e.excess_ms >= NAME_EFFECT * floor), None)
+    named = None if young else next((e for e in found if e.p_value <= NAME_ALPHA and e.excess_range_ms[0] >= floor
+                                     and e.excess_ms >= NAME_EFFECT * floor), None)
     if named is None and previous is not None:
         named = next((e for e in found if e.rank == previous.rank and e.p_value <= KEEP_ALPHA
                       and e.excess_ms >= floor), None)

@@ -13,8 +13,8 @@ symmetric ranks take turns being last to a collective. The steady verdict looks 
   flicker at the threshold. A sliding window cannot jump from one category said alone to another:
   the intervals of two windows one iteration apart overlap, so the tie comes in between;
 - the **straggler** is named on evidence by :func:`dagtop.model.straggler.decide` (a sign test with a correction
-  across ranks and a minimum effect), and marked on the same iterations' per-rank rows, so the ranks table, the
-  rank picker and the headline say the same.
+  across ranks and for the noise's dependence, and a minimum effect, over a window that lasts 2 s at least), and
+  marked on the same iterations' per-rank rows, so the ranks table, the rank picker and the headline say the same.
 
 The pipeline folds it forward as iterations are analysed (:func:`fold`) and stores it on each analysis, so a
 paused or browsed screen shows the verdict as it stood at that iteration, and a replay the same as live.
@@ -23,6 +23,7 @@ paused or browsed screen shows the verdict as it stood at that iteration, and a 
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Sequence
 from typing import Final
 
@@ -32,9 +33,9 @@ from dagtop.model.stats import median_interval
 
 WINDOW: Final = 20
 """Iterations the steady verdict looks back over."""
-HISTORY: Final = 60
-"""Counted iterations the straggler test estimates the noise's serial correlation over (the window's and those
-before it)."""
+HISTORY: Final = straggler.HISTORY_SPANS * straggler.LONGEST
+"""Counted iterations the straggler test may look back over: the window it judges (longer than :data:`WINDOW` where
+steps are fast, :func:`dagtop.model.straggler.span`) and those before it, where it measures the noise's dependence."""
 TIE_CONFIDENCE: Final = 0.95
 """A bottleneck is said alone when its lead's interval at this confidence is above zero..."""
 KEEP_CONFIDENCE: Final = 0.80
@@ -53,16 +54,18 @@ def fold(analyses: Sequence[IterationAnalysis], start: int) -> list[IterationAna
     """``analyses[start:]`` (oldest first) with their steady verdicts, each from the one before it."""
     out = []
     previous = analyses[start - 1].steady if start > 0 else None
-    for j in range(start, len(analyses)):
-        history: list[IterationAnalysis] = []
-        for a in reversed(analyses[: j + 1]):
-            if counts(a):
-                history.append(a)
-                if len(history) == HISTORY:
-                    break
-        history.reverse()
+    counted: deque[IterationAnalysis] = deque(maxlen=HISTORY)
+    for a in reversed(analyses[:start]):
+        if len(counted) == HISTORY:
+            break
+        if counts(a):
+            counted.appendleft(a)
+    for a in analyses[start:]:
+        if counts(a):
+            counted.append(a)
+        history = list(counted)
         steady = advance(previous, history[-WINDOW:], history)
-        out.append(_with(analyses[j], steady))
+        out.append(_with(a, steady))
         previous = steady
     return out
 
@@ -92,8 +95,8 @@ def shares(window: Sequence[IterationAnalysis]) -> dict[str, float]:
 def advance(previous: SteadyVerdict | None, window: Sequence[IterationAnalysis],
             history: Sequence[IterationAnalysis] = ()) -> SteadyVerdict:
     """The verdict over ``window`` (counted iterations, oldest first), given the one before it; ``history``, the
-    counted iterations up to the window's last, is where the straggler test estimates the noise's serial
-    correlation (:func:`dagtop.model.straggler.evidence`)."""
+    counted iterations up to the window's last, is where the straggler test takes a window that lasts long enough
+    and measures the noise's dependence (:func:`dagtop.model.straggler.decide`)."""
     if len(window) < GATHER:
         return SteadyVerdict(len(window), "", 0.0, None)
     share = shares(window)
