@@ -26,10 +26,15 @@ iterations a rank is named, in a category, when:
      a second is not a straggler yet (in the simulation of tests/test_straggler.py, a job whose first run of one
      rank favoured came at its start was given a straggler in 10 of 30 runs without this);
    - n and k are shrunk to their **effective size**, n divided by how much more a window's count of "above" varies
-     than independent signs would (:func:`_inflation`), over the last :data:`HISTORY_SPANS` windows' worth of
-     iterations: from the counts of every window in them once there are three (a balanced job's runs make the counts
-     swing from window to window; a straggler above in nearly every iteration keeps its count, so its evidence is
-     not mistaken for dependence), or from the lag-1 autocorrelation ρ of the signs, (1 + ρ) / (1 − ρ), if larger.
+     than independent signs would (:func:`_inflation`), measured over the last :data:`HISTORY_SPANS` windows' worth
+     of iterations: from the counts of every window in them once there are three, or from the lag-1
+     autocorrelation ρ of the signs, (1 + ρ) / (1 − ρ), if larger;
+   - a rank that **turns** slow after such a stretch of history (:func:`_onset`: from where on it was above in
+     :data:`ONSET_SHARE` of the iterations) has the noise measured on the history before that, where it was not
+     suspect, and is named once its run has lasted :data:`RUN_S` seconds: a straggler that appears mid-run is named
+     within about 5 s (a job of 150-ms steps, simulated: 28 iterations after it began, median), while a run of one
+     rank favoured by the scheduler ends before. (Measured over the whole history, the onset itself looked like
+     dependence and held the name back until it left the history: 150 iterations and more.)
 2. **the effect is large enough to act on, with confidence**: its median excess is at least 10 % of the window's
    median iteration (:data:`NAME_EFFECT` times :func:`min_effect`), and the lower end of its 95 % interval at least
    5 % (and 1 ms): a rank whose excess stays small is not named however regular it is.
@@ -44,6 +49,7 @@ interval (order statistics of the binomial), never over a chosen subset: ``+35 m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -74,11 +80,14 @@ SPAN_S: Final = 2.0
 another for a second or two at a time (measured here: runs of 20-35 iterations of 45 ms with one rank above), which
 in a window of 20 fast iterations looks like a straggler. A job of 100-ms steps or slower is judged over its last 20
 iterations; one of 45-ms steps over its last 45."""
+RUN_S: Final = 5.0
+"""A rank that turns slow after a stretch of history in which it was not is named once it has stayed so this many
+seconds: the runs of one rank favoured by the scheduler seen here lasted up to about 2 s."""
 LONGEST: Final = 150
 """The most iterations a window holds, however short they are."""
 HISTORY_SPANS: Final = 8
 """The noise's dependence is measured over up to this many windows' worth of iterations (the window's own and those
-before it)."""
+before it, or those before a suspect's run)."""
 CONFIDENCE: Final = 0.95
 """Coverage of the excess's interval."""
 WORK: Final = ("io", "pcie", "compute")
@@ -109,6 +118,9 @@ class RankEvidence:
     """The median's :data:`CONFIDENCE` interval."""
     inflation: float = 1.0
     """How many times the sign test's sample was shrunk for the noise's dependence (:func:`_inflation`, ≥ 1)."""
+    run_ms: float = math.inf
+    """How long its current run above the others has lasted, where it began after enough history to measure the
+    noise on (:func:`_onset`); infinite where it was above from the start of what is known."""
 
 
 def span(window: Sequence[IterationAnalysis], history: Sequence[IterationAnalysis]) -> Sequence[IterationAnalysis]:
@@ -157,10 +169,13 @@ def evidence(window: Sequence[IterationAnalysis], history: Sequence[IterationAna
         suspects = np.flatnonzero(medians >= floor)
         if not len(suspects):
             continue
-        inflation = _inflation(_excess(longer, ranks, category), len(window))
+        before = _excess(longer, ranks, category)
         above = (excess > 0).sum(axis=0)
         below = (excess < 0).sum(axis=0)
         for j in suspects.tolist():
+            onset = _onset(before[:, j], len(window))
+            inflation = _inflation(before[:onset], len(window))
+            lasted = sum(a.measured_ms for a in longer[onset:]) if onset < len(longer) else math.inf
             column = excess[:, j]
             values = column[~np.isnan(column)].tolist()
             k, n = int(above[j]), int(above[j] + below[j])
@@ -168,7 +183,7 @@ def evidence(window: Sequence[IterationAnalysis], history: Sequence[IterationAna
             p = sign_test(n_eff, min(k * n_eff / n, n_eff)) if n else 1.0
             lo, hi = median_interval(values, CONFIDENCE)
             out.append(RankEvidence(ranks[j], category, k, n, min(1.0, p * len(ranks) * len(tests)),
-                                    float(medians[j]), (float(lo), float(hi)), inflation))
+                                    float(medians[j]), (float(lo), float(hi)), inflation, lasted))
     out.sort(key=lambda e: (e.p_value, -e.excess_ms, e.rank, e.category))
     return out
 
@@ -242,6 +257,21 @@ def _serial(excess: F64) -> float:
     return num / den if den > 0 else 0.0
 
 
+ONSET_SHARE: Final = 0.9
+"""A rank's run of iterations above the others begins where, from there to now, it was above in this share of
+them at least."""
+
+
+def _onset(column: F64, n: int) -> int:
+    """Where the suspect's current run above the others began in ``column`` (its excess over the history, oldest
+    first): the earliest iteration from which it was above in :data:`ONSET_SHARE` of them; the whole history when
+    that leaves fewer than three windows of ``n`` before it to measure the noise on."""
+    above = np.cumsum((column > 0)[::-1])[::-1]  # iterations above from each one to now
+    share = above / np.arange(len(column), 0, -1)
+    start = int(np.argmax(share >= ONSET_SHARE)) if (share >= ONSET_SHARE).any() else len(column)
+    return start if start >= 3 * n else len(column)
+
+
 def _signs(excess: F64) -> list[F64]:
     """Each rank's signs of its excess (+1 above, −1 below, 0 a tie), its missing iterations left out."""
     if not np.isnan(excess).any():
@@ -284,7 +314,7 @@ def decide(window: Sequence[IterationAnalysis], previous: SteadyStraggler | None
     floor = min_effect(window)
     found = evidence(window, history)
     named = None if young else next((e for e in found if e.p_value <= NAME_ALPHA and e.excess_range_ms[0] >= floor
-                                     and e.excess_ms >= NAME_EFFECT * floor), None)
+                                     and e.excess_ms >= NAME_EFFECT * floor and e.run_ms >= RUN_S * 1000.0), None)
     if named is None and previous is not None:
         named = next((e for e in found if e.rank == previous.rank and e.p_value <= KEEP_ALPHA
                       and e.excess_ms >= floor), None)
