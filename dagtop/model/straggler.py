@@ -162,19 +162,19 @@ def evidence(window: Sequence[IterationAnalysis], history: Sequence[IterationAna
         # A category no rank spends the minimum effect in could not name anyone (an excess is at most the time):
         # no test, and no share of the correction.
         if np.nanmax(np.nanmedian(own, axis=0)) >= floor:
-            tests.append((category, _excess(window, ranks, category), longer))
+            tests.append((category, _excess(window, ranks, category)))
     out = []
-    for category, excess, longer in tests:
+    for category, excess in tests:
         medians = np.nanmedian(excess, axis=0)
         suspects = np.flatnonzero(medians >= floor)
         if not len(suspects):
             continue
-        before = _excess(longer, ranks, category)
+        known = _excess(longer, ranks, category)
         above = (excess > 0).sum(axis=0)
         below = (excess < 0).sum(axis=0)
         for j in suspects.tolist():
-            onset = _onset(before[:, j], len(window))
-            inflation = _inflation(before[:onset], len(window))
+            onset = _onset(known[:, j], len(window))
+            inflation = _inflation(known[:onset], len(window))
             lasted = sum(a.measured_ms for a in longer[onset:]) if onset < len(longer) else math.inf
             column = excess[:, j]
             values = column[~np.isnan(column)].tolist()
@@ -281,7 +281,8 @@ def _signs(excess: F64) -> list[F64]:
 
 def _inflation(excess: F64, n: int) -> float:
     """How many times more the count of "above" in a window of ``n`` iterations varies than it would if the signs
-    were independent (at least 1), from ``excess`` (iterations × ranks, oldest first, ending with the window).
+    were independent (at least 1), from ``excess`` (iterations × ranks, oldest first: the window and those before
+    it, or those before a suspect's run).
 
     With three windows' worth of iterations or more: the variance of the sum of the signs over every window of ``n``
     in them, against n times the variance of one sign, pooled over the ranks (the batch-means estimate: it counts
