@@ -174,6 +174,8 @@ def test_a_ddp_job_is_cut_into_its_iterations(mode: str, collector: Any, endpoin
 
     summary = report(frames, tmp_path, capsys)
     assert summary["communication_seen"] is True
-    # Iterations cut elsewhere would leave their blocks outside the DAG (compute near 0). Seen: 40-75 % compute;
-    # "other" (the loop's untimed Python, and the rank waiting for a core on a loaded VM) 11-60 %.
-    assert summary["critical_path"]["compute"] > 0.25, summary["critical_path"]
+    # Iterations cut elsewhere would leave their blocks outside the DAG (compute near 0). Seen alone: 53-77 %
+    # compute; "other" (the loop's untimed Python, and the rank waiting for a core on a loaded VM) 16-47 %. Since
+    # each iteration is measured from the previous one's end (605328c), a loaded run's waits between the steps are
+    # "other" too: the CI of stop 35 saw 24 % compute beside 76 % other for two optimizers. Far from 0 either way.
+    assert summary["critical_path"]["compute"] > 0.1, summary["critical_path"]
