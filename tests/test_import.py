@@ -26,11 +26,15 @@ from dagtop.io.folded import load
 from dagtop.io.recording import RecordingWriter, read_recording
 from dagtop.io.sources import RecordingSource
 from dagtop.model.pipeline import Pipeline
+from dagtop.model.straggler import LONGEST
 from instrument import wire
 
 STEPS = 80
-"""Profiled steps: enough for the straggler test to name a rank above the other in every one (it needs 11 of 11 at
-the least, with two ranks, and a window that lasts 2 s: the compute job's steps are of 30–40 ms here)."""
+"""Profiled steps of the slow-loader job: enough for the straggler test to name a rank above the other in every one
+(14 of 14 at the least, with two ranks) over a window that lasts 2 s (its steps wait ~50 ms for the slow batch)."""
+COMPUTE_STEPS = LONGEST + 10
+"""The slow-compute job's steps: 20–40 ms each on a 2-core machine, shorter on a faster one, so it runs enough of them
+to be judged however fast it is (a window of :data:`~dagtop.model.straggler.LONGEST` iterations), not 2 s of them."""
 
 
 def _report(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -39,14 +43,14 @@ def _report(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
 
 
-def _profiled(tmp: Path, *args: str) -> tuple[Path, Path]:
+def _profiled(tmp: Path, *args: str, steps: int = STEPS) -> tuple[Path, Path]:
     """Run tests/jobs/profiled.py on 2 ranks, timed by dagtop and profiled at once: (live recording, trace dir)."""
     traces = tmp / "traces"
     traces.mkdir()
     endpoint = free_endpoint()
     collector = Collector(endpoint)
     try:
-        run = run_job("profiled.py", "--steps", str(STEPS), "--traces", str(traces), *args, endpoint=endpoint)
+        run = run_job("profiled.py", "--steps", str(steps), "--traces", str(traces), *args, endpoint=endpoint)
         assert run.ok, run.log[-3000:]
         frames = collector.until_bye(2)
     finally:
@@ -73,7 +77,7 @@ def compute_job() -> Iterator[tuple[Path, Path]]:
     """Rank 1 computes its middle block many times over; Python stack on, so the trace has nn.Module annotations."""
     tmp = Path(tempfile.mkdtemp(prefix="dagtop-import-"))
     try:
-        yield _profiled(tmp, "--slow", "1", "--slow-in", "compute", "--stack")
+        yield _profiled(tmp, "--slow", "1", "--slow-in", "compute", "--stack", steps=COMPUTE_STEPS)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -127,6 +127,9 @@ def test_summarize_names_the_synthetic_straggler() -> None:
     assert s["model_error"] <= 0.01
 
 
+DEMO_ITERATIONS = 40
+"""A straggler is named from 2 s of iterations at least: the demo's compute straggler steps ~125 ms here, so 40 of
+them last twice that on a machine twice as fast."""
 DEMO_MIN_SHARE = 0.2
 """The share of the critical path that a demo's slowed category holds at least: 0.5 to 0.6 on an idle 2-core
 machine, 0.4 with a busy loop on each core, against under 0.05 for a category the demo does not slow."""
@@ -147,7 +150,8 @@ def test_real_demo_end_to_end(tmp_path: Path, args: list[str], category: str, st
     for most iterations, and then naming it is right (test_critical_path.py and test_verdict.py hold the balanced
     case exactly)."""
     rec = tmp_path / "demo.dagtop"
-    run = subprocess.run([sys.executable, "-m", "dagtop", "demo", "--record", str(rec), "--iterations", "20",
+    run = subprocess.run([sys.executable, "-m", "dagtop", "demo", "--record", str(rec),
+                          "--iterations", str(DEMO_ITERATIONS),
                           *args], capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stderr[-2000:]
     out = subprocess.run([sys.executable, "-m", "dagtop", "report", str(rec), "--json"],

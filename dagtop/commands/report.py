@@ -18,6 +18,7 @@ from dagtop.model.advice_text import advice_of, terms_of
 from dagtop.model.liveness import Holder, OpenTask, Stall, ranks_text, state_of, where
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import IterationAnalysis
+from dagtop.model.straggler import LONGEST, SPAN_S
 from dagtop.model.summary import collectives, summarize
 from instrument.events import TaskState
 
@@ -162,6 +163,9 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
         w(f"straggler        rank {st['rank']}: {st['category']} {st['excess_ms']:+.1f} ms per iteration [{lo:.1f}, "
           f"{hi:.1f} at 95 %] over the other ranks' median (busy {st['busy_excess_ms']:+.1f} ms); above them in "
           f"{st['above']} of {st['iterations']} iterations (p = {st['p_value']:.1g})\n")
+    elif s["iterations"] < LONGEST and s.get("lasted_s", SPAN_S) < SPAN_S:
+        w(f"straggler        none named: the iterations analysed last {s['lasted_s']:.1f} s, and a rank is named from "
+          f"{SPAN_S:.0f} s of them at least (or {LONGEST} iterations)\n")
     else:
         w("straggler        none (no rank's excess passes the sign test and the minimum effect)\n")
     w("critical path    " + "  ".join(f"{c} {share * 100:.0f} %" for c, share in

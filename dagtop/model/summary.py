@@ -38,7 +38,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
     complete = [a for a in analyses if a.complete] or list(analyses)
     if not complete:
         return {
-            "ranks": 0, "iterations": 0, "iteration_ms": {"median": 0.0, "p90": 0.0},
+            "ranks": 0, "iterations": 0, "lasted_s": 0.0, "iteration_ms": {"median": 0.0, "p90": 0.0},
             "critical_path": {c: (1.0 if c == "other" else 0.0) for c in CATEGORIES}, "bottleneck": "other",
             "tied_with": None, "straggler": None, "predicted_iteration_ms": 0.0, "model_error": 0.0, "what_if": [],
             "exposed_comm_ms": 0.0, "communication_seen": False, "overlap_ratio": 1.0, "incomplete_iterations": 0,
@@ -66,6 +66,7 @@ def summarize(analyses: Sequence[IterationAnalysis]) -> dict[str, Any]:
     return {
         "ranks": max(len(a.ranks) for a in complete),
         "iterations": len(complete),
+        "lasted_s": sum(measured) / 1000.0,
         "first_iteration": min(a.iteration for a in complete),
         "last_iteration": max(a.iteration for a in complete),
         "iteration_ms": {"median": statistics.median(measured), "p90": _percentile(measured, 0.9)},
