@@ -30,6 +30,7 @@ lock; ``--summary`` prints the tables from what is there. Run under the lock, e.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -289,7 +290,9 @@ def hog() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
 
 
-def campaign(out: Path, plan: list[tuple[str, int]], iterations: int) -> None:
+def campaign(out: Path, plan: list[tuple[str, int]], iterations: int, keep: bool = False) -> None:
+    """Run the plan's cases in turn; each run's result to ``out``, and with ``keep`` its recording, truth and log in
+    ``out/<run>/`` (to replay under another rule: dagtop report, or judge() again)."""
     out.mkdir(parents=True, exist_ok=True)
     busy = hog()
     try:
@@ -301,13 +304,15 @@ def campaign(out: Path, plan: list[tuple[str, int]], iterations: int) -> None:
                     continue
                 left[case] = n - 1
                 stamp = time.strftime("%Y%m%d-%H%M%S")
-                with tempfile.TemporaryDirectory(prefix=f"verdict-{case}-") as tmp:
+                name = f"{case}-{stamp}-{os.getpid()}"
+                with contextlib.nullcontext(str(out / name)) if keep else \
+                        tempfile.TemporaryDirectory(prefix=f"verdict-{case}-") as tmp:
                     path, truth, log = run_job(case, CASES[case], iterations, Path(tmp))
                     try:
                         result = judge(case, CASES[case], path, truth)
                     except Exception as exc:  # noqa: BLE001 - one broken run is reported, not the campaign's end
                         result = {"case": case, "error": f"{type(exc).__name__}: {exc}", "log": log[-2000:]}
-                (out / f"{case}-{stamp}-{os.getpid()}.json").write_text(json.dumps(result))
+                (out / f"{name}.json").write_text(json.dumps(result))
                 print(f"{case}: {_line(result)}", flush=True)
     finally:
         busy.kill()
@@ -414,6 +419,7 @@ def main() -> None:
     parser.add_argument("--cases", default="", help="case:runs,... (cases: " + ", ".join(CASES) + ")")
     parser.add_argument("--iterations", type=int, default=40, help="steps recorded with dagtop per run")
     parser.add_argument("--summary", action="store_true", help="print the tables from the runs in --out")
+    parser.add_argument("--keep", action="store_true", help="keep each run's recording, truth and log in --out")
     parser.add_argument("--overlap", type=int, default=0, metavar="RUNS",
                         help="also run the one-big-bucket 'perfect overlap' check this many times")
     args = parser.parse_args()
@@ -424,7 +430,7 @@ def main() -> None:
         unknown = [c for c, _ in plan if c not in CASES]
         if unknown:
             parser.error(f"unknown cases {unknown}")
-        campaign(args.out, plan, args.iterations)
+        campaign(args.out, plan, args.iterations, args.keep)
     if args.summary or not (args.cases or args.overlap):
         summary(args.out)
 
