@@ -102,7 +102,11 @@ class Advice:
 
 def window_of(analyses: Sequence[IterationAnalysis]) -> list[IterationAnalysis]:
     """The iterations advised on: the last :data:`WINDOW` that count towards the verdict."""
-    return [a for a in analyses if verdict.counts(a)][-WINDOW:]
+    return _counted(analyses)[-WINDOW:]
+
+
+def _counted(analyses: Sequence[IterationAnalysis]) -> list[IterationAnalysis]:
+    return [a for a in analyses if verdict.counts(a)]
 
 
 def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = (), buckets: Buckets | None = None,
@@ -137,7 +141,8 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
         layout is not None and backwards and comm is not None and layout.mapped >= 0.5) else None
     comm = model.comm if model is not None else comm  # with the stretch the buckets' schedule found
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
-               tuple(backwards), layout, model, tuple(ranks), tuple(telemetry))
+               tuple(backwards), layout, model, tuple(ranks), tuple(telemetry),
+               tuple(_counted(analyses)[-verdict.HISTORY:]))
     found = [c for make in MAKERS for c in make(w)]
     predicted = [c for c in found if c.confidence is not Confidence.WITHHELD]
     buying = {Kind.SCALE_OUT, Kind.NETWORK}

@@ -144,6 +144,9 @@ class Window:
     infos: tuple[RankInfo, ...] = ()
     """The ranks as their hellos describe them (device, host, DataLoader)."""
     telemetry: tuple[Telemetry, ...] = ()
+    history: tuple[IterationAnalysis, ...] = ()
+    """The counted iterations up to the window's last (as many as the verdict reads), which the straggler test takes
+    a window that lasts long enough from (:func:`dagtop.model.straggler.span`), as the live verdict does."""
 
     def predicted(self, per_iteration: Sequence[float], fit: tuple[float, float] | None = None,
                   base: Sequence[float] | None = None) -> tuple[float, float, tuple[float, float]]:

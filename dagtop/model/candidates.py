@@ -22,6 +22,7 @@ from dagtop.model.candidate import (
 )
 from dagtop.model.change import Change
 from dagtop.model.snapshot import IterationAnalysis, RankInfo
+from dagtop.model.whatif import cohosts, waits_on_shared_cores
 from instrument.wire import Telemetry
 
 NEAR = 0.01
@@ -260,9 +261,10 @@ def _update_ms(a: IterationAnalysis) -> float:
 
 
 def _straggler(w: Window) -> list[Candidate]:
-    """The straggler as the verdict's rule names it over the advice's window (as ``report`` does over its range):
-    where it loses its time, and the gain of bringing it to the median."""
-    s = verdict.advance(None, w.analyses).straggler
+    """The straggler as the verdict's rule names it over the advice's window, or over as many of the iterations
+    before it as make it last 2 s (as the live verdict does; ``report`` judges its whole range): where it loses its
+    time, and the gain of bringing it to the median."""
+    s = verdict.advance(None, w.analyses, w.history).straggler
     if s is None:
         return []
     # The verdict's own 'straggler at median' replays of that rank (its time in its category down to the others'
@@ -282,6 +284,9 @@ def _straggler(w: Window) -> list[Candidate]:
         cause = f"host contention: its host {host} is {load:.0f} % busy"
         action = f"find what else runs on {host} beside rank {s.rank} (top, ps) and move it, or move the rank"
     confidence, doubt = confidence_of(Kind.STRAGGLER)
+    shared = cohosts({r.rank: (r.host, r.device) for r in w.infos}).get(s.rank)
+    if s.category == "io" and shared is not None:
+        confidence, doubt = Confidence.LOWER, waits_on_shared_cores(s.rank, shared)
     # Where the replay is a lower bound (a compute straggler on cores other ranks share), so is the advice on it.
     lower = next((x.lower_bound for _, x in reversed(having) if x.lower_bound), "")
     return [Candidate(Kind.STRAGGLER, title, action.format(rank=s.rank), {"rank": s.rank}, step, bounds, speedup,

@@ -74,5 +74,7 @@ _DOUBT = {
                             "shared cores; within 3 % on a small transformer",
     Change.STRAGGLER_AT_MEDIAN: "off by 12 % in one of two validations, on the demo's compute straggler (×2.63 "
                                 "predicted, ×2.99 re-run without dagtop, ×2.74 with it): on 2 shared cores dagtop's "
-                                "own cost weighs more in the faster job; within 1 % on a small transformer",
+                                "own cost weighs more in the faster job; within 1 % on a small transformer; a "
+                                "loader straggler on CPU cores other ranks share: ×1.60–1.72 predicted where "
+                                "×1.10–1.22 was re-run (its wait left them the CPU)",
 }
