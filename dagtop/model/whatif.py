@@ -251,8 +251,9 @@ def waits_on_shared_cores(rank: int, shared: CoHost) -> str:
     benchmarks/verdict_accuracy.py): the replay said ×1.60–1.72 where switching the sleep off gained ×1.10–1.22
     (4 of 4 runs); in an earlier campaign ×1.31 and ×1.45 against ×1.44 and ×1.39; with 4 ranks −5 % and +12 %."""
     others = ", ".join(map(str, shared.others))
-    return (f"rank {rank} waits for its data on the cores of host {shared.host}, where rank"
-            f"{'s' if len(shared.others) > 1 else ''} {others} compute meanwhile; at the median it would compute "
+    many = len(shared.others) > 1
+    return (f"rank {rank} waits for its data on the cores of host {shared.host}, where rank{'s' if many else ''} "
+            f"{others} compute{'' if many else 's'} meanwhile; at the median it would compute "
             "beside them and slow them, which the replay does not count (a 40-ms loader sleep on 2 shared cores: "
             "×1.60–1.72 replayed, ×1.10–1.22 re-run)")
 
