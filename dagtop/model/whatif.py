@@ -253,8 +253,9 @@ def waits_on_shared_cores(rank: int, shared: CoHost) -> str:
     others = ", ".join(map(str, shared.others))
     many = len(shared.others) > 1
     return (f"rank {rank} waits for its data on the cores of host {shared.host}, where rank{'s' if many else ''} "
-            f"{others} compute{'' if many else 's'} meanwhile; at the median it would compute "
-            "beside them and slow them, which the replay does not count (a 40-ms loader sleep on 2 shared cores: "
+            f"{others} compute{'' if many else 's'} meanwhile; at the median it would compute beside "
+            f"{'them' if many else 'it'} and slow {'them' if many else 'it'}, which the replay does not count (a "
+            "40-ms loader sleep on 2 shared cores: "
             "×1.60–1.72 replayed, ×1.10–1.22 re-run)")
 
 
