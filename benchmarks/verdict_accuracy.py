@@ -25,6 +25,9 @@ lock; ``--summary`` prints the tables from what is there. Run under the lock, e.
 
     flock /tmp/dagtop-bench.lock python benchmarks/verdict_accuracy.py --out DIR --cases balanced-2:10,io-2:8
     python benchmarks/verdict_accuracy.py --out DIR --summary
+
+With ``--keep`` each run's recording, truth and log stay in ``DIR/<run>/``, and ``--rejudge`` judges them again
+with the rule of the tree it runs from: two rules compared on the very same runs.
 """
 
 from __future__ import annotations
