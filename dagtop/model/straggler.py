@@ -22,7 +22,8 @@ iterations a rank is named, in a category, when:
    dependence is long, not strong). Two things keep such runs from naming anyone:
 
    - the window **lasts** :data:`SPAN_S` seconds at least (:func:`span`: a job of fast steps is judged over more of
-     them, up to :data:`LONGEST`), and nothing is named from a shorter one, a recording's either: a rank slower for
+     them, up to :data:`LONGEST`; a job of many ranks over as many as the correction for them leaves the test able
+     to name a rank, :func:`reach`), and nothing is named from a shorter one, a recording's either: a rank slower for
      a second is not a straggler yet (in the simulation of tests/test_straggler.py, a job whose first run of one
      rank favoured came at its start was given a straggler in 10 of 30 runs without this);
    - n and k are shrunk to their **effective size**, n divided by how much more a window's count of "above" varies
@@ -49,6 +50,7 @@ interval (order statistics of the binomial), never over a chosen subset: ``+35 m
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,6 +85,8 @@ iterations; one of 45-ms steps over its last 45."""
 RUN_S: Final = 5.0
 """A rank that turns slow after a stretch of history in which it was not is named once it has stayed so this many
 seconds: the runs of one rank favoured by the scheduler seen here lasted up to about 2 s."""
+REACH: Final = 0.9
+"""A window holds enough iterations for a rank above the others in this share of them to be named (:func:`reach`)."""
 LONGEST: Final = 150
 """The most iterations a window holds, however short they are."""
 HISTORY_SPANS: Final = 8
@@ -125,15 +129,29 @@ class RankEvidence:
 
 def span(window: Sequence[IterationAnalysis], history: Sequence[IterationAnalysis]) -> Sequence[IterationAnalysis]:
     """The iterations the straggler is judged over: ``window``, or more of ``history`` (which ends with it) until they
-    last :data:`SPAN_S` seconds, at most :data:`LONGEST` of them."""
+    last :data:`SPAN_S` seconds and hold :func:`reach` of them for the job's ranks, at most :data:`LONGEST`."""
     if len(history) <= len(window):
         return window
     held, lasted = len(window), sum(a.measured_ms for a in window)
     longest = min(len(history), max(LONGEST, len(window)))
-    while held < longest and lasted < SPAN_S * 1000.0:
+    wanted = reach(len(window[-1].per_rank))
+    while held < longest and (lasted < SPAN_S * 1000.0 or held < wanted):
         held += 1
         lasted += history[-held].measured_ms
     return history[-held:]
+
+
+@functools.cache
+def reach(ranks: int) -> int:
+    """The fewest iterations over which a rank above the others in :data:`REACH` of them can be named among
+    ``ranks``: the sign test's p-value, times the ranks (the Bonferroni correction's least), at most
+    :data:`NAME_ALPHA`. Up to 5 ranks it is within the verdict's 20 iterations (18 with two); it grows with the log
+    of the ranks (24 with 8, 27 with 64, 36 with 1024), and a window of 20 would never name a straggler of a
+    large job, however slow: 20 of 20 is p = 10⁻⁶, which 1024 ranks' correction makes 10⁻³."""
+    n = 1
+    while sign_test(n, math.ceil(REACH * n)) * ranks > NAME_ALPHA:
+        n += 1
+    return n
 
 
 def lasts(window: Sequence[IterationAnalysis]) -> bool:
