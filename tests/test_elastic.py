@@ -94,9 +94,10 @@ def test_an_elastic_restart_keeps_both_runs_and_says_so(tmp_path: Path, endpoint
             assert set(range(steps)) <= recorded[key], key
 
     # Each complete iteration counted once: those both ranks of an incarnation published (a rank killed between
-    # its step and the line it writes after may have published one more than it said).
+    # its step and the line it writes after may have published one more than it said, or, its publisher behind,
+    # fewer: the frames that went with it).
     both = {k: recorded[(k, 0)] & recorded[(k, 1)] for k in incarnations}
-    assert len(both[0]) >= min(ran[(0, 0)], ran[(0, 1)]) and len(both[last]) == STEPS
+    assert len(both[0]) >= min(ran[(0, 0)], len(recorded[(0, 1)])) and len(both[last]) == STEPS
     summary = err.strip().splitlines()[-1]
     complete = sum(len(b) for b in both.values())
     assert f" {complete} complete iterations" in summary and f"{len(incarnations)} runs (restarted)" in summary, \
