@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dagtop.commands.cli import main
+from dagtop.commands.report import write_text
 from dagtop.io.recording import MAGIC, RecordingWriter
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.summary import summarize
@@ -118,7 +120,14 @@ def test_summarize_names_the_synthetic_straggler() -> None:
     assert summarize(p.analyses()[1:])["straggler"] is None  # five iterations are no evidence, however clear
     p = Pipeline(window=None)
     p.feed(synthetic_frames(SyntheticJob(ranks=4, slow_ranks=(2,), slow_category="compute"), iterations=21))
-    assert summarize(p.analyses()[1:])["straggler"] is None  # 20 iterations of 50 ms: a second is no straggler yet
+    short = summarize(p.analyses()[1:])
+    assert short["straggler"] is None  # 20 iterations of 50 ms: a second is no straggler yet, and the report says so
+    assert short["lasted_s"] == pytest.approx(sum(a.measured_ms for a in p.analyses()[1:]) / 1000)
+    assert short["lasted_s"] < 2
+    out = io.StringIO()
+    write_text(short, out)
+    assert f"straggler        none named: the iterations analysed last {short['lasted_s']:.1f} s, and a rank is named " \
+           "from 2 s of them at least (or 150 iterations)\n" in out.getvalue()
     p = Pipeline(window=None)
     p.feed(synthetic_frames(SyntheticJob(ranks=4, slow_ranks=(2,), slow_category="compute"), iterations=61))
     s = summarize(p.analyses()[1:])
