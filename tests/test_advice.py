@@ -292,3 +292,29 @@ def test_nothing_is_advised_when_the_step_changed_within_the_window() -> None:
     assert held.held.startswith("the step changed within these iterations") and not held.fixes
     assert advice_module.MAX_DRIFT < 0.5
     assert not advise(slower(1.1), snap.ranks, snap.buckets, snap.telemetry).held
+
+
+def test_all_reduces_gloo_runs_side_by_side_are_fitted_on_their_share_of_the_link() -> None:
+    """Gloo runs two all-reduces at once: a 24 MB bucket handed over 10 ms after a 28 MB one shares the link with
+    it (each at half speed), and neither is slower for the backward beside it (κ = 0). Credited their shares, the
+    fit finds α and β again and no stretch; cut one after the other, as NCCL's stream runs them, the 28 MB one
+    looks 46 ms long, the 24 MB one 6 ms, and the fit makes a stretch of it."""
+    a_ns, b_ns = 0.3e6, 1.0  # per byte: 1 ms per MB
+    observed: dict[int, list[tuple[int, int, int, int]]] = {1: [], 2: []}
+    for i in range(6):
+        t = 1_000_000_000 * i
+        small = (4 * 10**6, t + 20_000_000, t + 20_000_000 + int(a_ns + 4e6 * b_ns))
+        first, second = (t + 150_000_000, 28 * 10**6), (t + 160_000_000, 24 * 10**6)
+        left = a_ns + first[1] * b_ns - (second[0] - first[0])  # the first's work when the second joins
+        ends = (second[0] + 2 * left, second[0] + left + a_ns + second[1] * b_ns)  # shared, then the second alone
+        spans = [small, (first[1], first[0], int(ends[0])), (second[1], second[0], int(ends[1]))]
+        backward_end = second[0]  # the last bucket is handed over as the backward ends
+        for together in observed:
+            observed[together] += [(m, s, e, backward_end) for m, s, e in buckets_module.shares(spans, together)]
+    shared, serial = fit(observed[2], 2), fit(observed[1], 2)
+    assert shared is not None and serial is not None
+    assert shared.kappa == 0.0 and shared.a_ns == pytest.approx(a_ns, rel=0.02)
+    assert shared.b_ns_per_byte == pytest.approx(b_ns, rel=0.01)
+    assert serial.kappa > 0.5
+    assert buckets_module.together_on(["cpu", "cpu"]) == 2
+    assert buckets_module.together_on(["cpu", "cuda:0"]) == buckets_module.together_on([]) == 1

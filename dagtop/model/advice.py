@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from dagtop.model import verdict
 from dagtop.model.allreduce import fit
 from dagtop.model.analysis import model_error
-from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets
+from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets, together_on
 from dagtop.model.candidate import MAX_REPLAY_ERROR, MIN_GAIN, Candidate, Confidence, Kind, Window
 from dagtop.model.candidates import MAKERS
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
@@ -133,7 +133,8 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
                       f"{early:.1f} ms in the first half, {late:.1f} ms in the second): a prediction from both would "
                       "hold for neither", last_iteration=last)
     ranks_now = len(chosen[-1].ranks)
-    backwards = [b for b in map(backward_of, chosen) if b is not None]
+    together = together_on([r.device for r in ranks])
+    backwards = [b for b in (backward_of(a, together) for a in chosen) if b is not None]
     comm = fit([o for b in backwards for o in b.observed()], ranks_now)
     units = {k for b in backwards for k in b.ready}
     layout = Layout.of(buckets, sorted(units)) if buckets is not None else None

@@ -2,8 +2,8 @@
 
 The simulation follows the seed paper's schedule: each rank loads, copies, runs forward
 block by block, then backward in reverse; a bucket becomes ready when the backward of its
-last block ends; bucket all-reduces run one at a time on a serial channel and start when
-every rank is ready (so a slow rank delays everyone); the update waits for all of them.
+last block ends; bucket all-reduces start when every rank is ready (so a slow rank delays everyone) and share
+one channel, two at a time on the CPU as gloo runs them, one at a time on a GPU; the update waits for all of them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dagtop.model.buckets import ddp_buckets
+from dagtop.model.buckets import ddp_buckets, together_on
 from dagtop.model.frames import RawFrame
 from instrument import wire
 from instrument.events import BACKWARD, COLLECTIVE, COPY, FORWARD, LOAD, UPDATE, RawEvent
@@ -51,6 +51,34 @@ class SyntheticJob:
     bucket_limits: Sequence[int] = (1 << 20, 25 << 20)
     loader: Loader | None = None
     """The DataLoader the hellos describe."""
+    device: str = "cpu"
+    """The ranks' device, as their hellos say: on the CPU (gloo) two all-reduces run at once, sharing the channel;
+    on a GPU one at a time (:func:`dagtop.model.buckets.together_on`)."""
+
+
+def _channel(starts: Sequence[int], works: Sequence[int], together: int) -> list[int]:
+    """When each all-reduce ends, begun at ``starts`` (in order) with ``works`` ns of work alone: ``together`` at a
+    time sharing the channel equally (:func:`dagtop.model.buckets.shares`), the others waiting in order."""
+    left = [float(w) for w in works]
+    ends: list[int] = [0] * len(starts)
+    done: set[int] = set()
+    t = float(starts[0]) if starts else 0.0
+    while len(done) < len(starts):
+        running = [k for k in range(len(starts)) if k not in done and starts[k] <= t][:together]
+        arrivals = [float(s) for k, s in enumerate(starts) if k not in done and s > t]
+        if not running:
+            t = min(arrivals)
+            continue
+        step = min(left[k] for k in running) * len(running)
+        if arrivals and len(running) < together:
+            step = min(step, min(arrivals) - t)
+        t += step
+        for k in running:
+            left[k] -= step / len(running)
+            if left[k] <= 1e-6:
+                done.add(k)
+                ends[k] = round(t)
+    return ends
 
 
 def _slow(job: SyntheticJob, rank: int, category: str) -> float:
@@ -76,7 +104,7 @@ def synthetic_frames(
     seq = [0] * job.ranks
     if hello:
         for r in range(job.ranks):
-            h = wire.Hello(seq[r], r, job.ranks, r, host, 10_000 + r, "cpu", "synthetic", "SyntheticNet",
+            h = wire.Hello(seq[r], r, job.ranks, r, host, 10_000 + r, job.device, "synthetic", "SyntheticNet",
                            11_000_000, "block", 1_700_000_000 * 10**9, start_ns, loader=job.loader)
             frames.append((start_ns, wire.encode(h)))
             seq[r] += 1
@@ -121,15 +149,12 @@ def synthetic_frames(
                 ready[r][bucket] = max(ready[r][bucket], t)
                 t += gap
             backward_end[r] = t
-        channel = 0
-        bucket_end = []
-        for k in range(len(sizes)):
-            start = max(max(ready[r][k] for r in range(job.ranks)), channel)
-            mb = sizes[k] / 1e6
-            slow = max(_slow(job, r, "allreduce") for r in range(job.ranks))
-            end = start + d((job.allreduce_alpha_ms + job.allreduce_ms_per_mb * mb) * slow)
-            channel = end
-            bucket_end.append(end)
+        slow = max(_slow(job, r, "allreduce") for r in range(job.ranks))
+        bucket_end = _channel([max(ready[r][k] for r in range(job.ranks)) for k in range(len(sizes))],
+                              [d((job.allreduce_alpha_ms + job.allreduce_ms_per_mb * m / 1e6) * slow) for m in sizes],
+                              together_on([job.device]))
+        channel = max(bucket_end, default=0)
+        for k, end in enumerate(bucket_end):
             for r in range(job.ranks):
                 events[r].append(COLLECTIVE.event(f"bucket {k}", "comm", ready[r][k], end, sizes[k]))
         for r in range(job.ranks):
