@@ -24,16 +24,20 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dagtop.commands.record import record
-from dagtop.demo.launch import SILENCE_TIMEOUT_S, DemoJob, free_endpoint
+from dagtop.demo.launch import SILENCE_TIMEOUT_S, DemoJob, free_endpoint, free_port
 from dagtop.io.folded import load
 from dagtop.io.recording import RecordingWriter
 from dagtop.io.sources import ZmqSource
 from dagtop.model.advice import MIN_GAIN, Advice, Candidate, Confidence, Kind, advise_snapshot
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hosts import Host, host_beside, shape, why_not_here  # tests/hosts.py, as benchmarks/validate_network.py
 
 JOBS_SCRIPT = str(Path(__file__).with_name("advice_jobs.py"))
 RECORD_ITERATIONS = 60
@@ -46,6 +50,9 @@ TOP = 3
 class JobKind:
     name: str
     args: tuple[str, ...]
+    link_mbit: float | None = None
+    """Rank 1 on a host of its own (a network namespace), joined to rank 0's by a link of this many Mbit/s; None:
+    both ranks here, over the loopback."""
 
 
 SMALL_LAYERS = ",".join(["64", "1024", "64", "512", "128", "256"] * 7)
@@ -61,6 +68,10 @@ JOBS = (
     JobKind("loader, num_workers=0", ("--job", "loader", "--width", "1024", "--depth", "4", "--io-ms", "0.5")),
     JobKind("rank 1 with a CPU hog", ("--job", "hog", "--width", "512", "--depth", "6")),
     JobKind("transformer", ("--job", "transformer", "--width", "256", "--depth", "4", "--batch", "16")),
+    # Two hosts joined by 1 Gbit/s: the all-reduces wait on the link, not on the cores the backward uses, so that
+    # they overlap it as they do between GPU nodes; here the buckets' size decides how much of the step they hide.
+    JobKind("mlp over 1 Gbit/s, default buckets", ("--job", "mlp", "--width", "1024", "--depth", "14", "--batch",
+                                                   "256"), link_mbit=1000),
     JobKind("transformer, compute-bound", ("--job", "transformer", "--width", "128", "--depth", "2", "--batch", "32",
                                            "--seq", "128", "--vocab", "1024")),
 )
@@ -80,6 +91,21 @@ class Ranks(DemoJob):
 
     def command(self) -> list[str]:
         return [sys.executable, JOBS_SCRIPT, *self.args]
+
+
+class LinkedRanks(Ranks):
+    """Rank 0 on this machine, rank 1 on the host beside it (tests/hosts.py), gloo between them over the link; the
+    monitor listens on this machine's end of it."""
+
+    def __init__(self, args: list[str], hosts: tuple[Host, Host]) -> None:
+        super().__init__(args)
+        self.hosts = hosts
+        self.endpoint = f"tcp://{hosts[0].address}:{free_port()}"
+
+    def placed(self, rank: int, argv: list[str], env: dict[str, str]) -> list[str]:
+        host = self.hosts[rank]
+        env.update(MASTER_ADDR=self.hosts[0].address, GLOO_SOCKET_IFNAME=host.link)
+        return host.command(argv)
 
 
 def arm_of(c: Candidate, job: JobKind) -> str | None:
@@ -144,9 +170,18 @@ def trials(advice: Advice, job: JobKind) -> list[Trial]:
 
 def run_round(job: JobKind, tmp: Path, blocks: int) -> tuple[Advice, list[Trial], dict[str, Any]]:
     """Record the job with dagtop on, advise, then have the same job re-run the advised changes with dagtop off."""
+    if job.link_mbit is None:
+        return run_ranks(job, tmp, blocks, Ranks)
+    with host_beside() as hosts:
+        shape(hosts, job.link_mbit)
+        return run_ranks(job, tmp, blocks, lambda args: LinkedRanks(args, hosts))
+
+
+def run_ranks(job: JobKind, tmp: Path, blocks: int, make: Callable[[list[str]], Ranks]
+              ) -> tuple[Advice, list[Trial], dict[str, Any]]:
     arms_file, out, path = tmp / "arms", tmp / "steps.json", tmp / "recorded.dagtop"
-    ranks = Ranks([*job.args, "--iterations", str(RECORD_ITERATIONS + 10), "--arms-file", str(arms_file),
-                   "--blocks", str(blocks), "--out", str(out)])
+    ranks = make([*job.args, "--iterations", str(RECORD_ITERATIONS + 10), "--arms-file", str(arms_file),
+                  "--blocks", str(blocks), "--out", str(out)])
     source = ZmqSource(ranks.endpoint)
     try:
         with RecordingWriter(path) as writer:
@@ -234,7 +269,11 @@ def main() -> None:
     table: list[dict[str, Any]] = []
     advised: dict[tuple[str, int], str] = {}
     print(f"{'job':<24} {'candidate':<34} {'predicted':>9} {'measured':>9} {'spread':>13} {'error':>7} ok  best")
+    linked = why_not_here("tc")
     for n, job in enumerate(j for j in JOBS if any(part in j.name for part in args.only.split(","))):
+        if job.link_mbit is not None and linked:
+            print(f"{job.name:<24} not run: no second host beside this machine ({linked})", flush=True)
+            continue
         for r in range(args.rounds):
             where = tmp / f"{n}-{r}"
             where.mkdir()

@@ -38,15 +38,7 @@ from dagtop.model.summary import summarize
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from hosts import Host, two_hosts, why_not_here  # tests/hosts.py, shared with tests/test_hosts.py
-
-
-def shape(hosts: tuple[Host, Host], mbit: float) -> None:
-    """Both directions of the link at ``mbit`` Mbit/s (a token bucket on each end's egress)."""
-    for host in hosts:
-        subprocess.run(host.command(["tc", "qdisc", "replace", "dev", host.link, "root", "tbf", "rate",
-                                     f"{mbit:g}mbit", "burst", "512kb", "latency", "200ms"]),
-                       check=True, capture_output=True)
+from hosts import Host, shape, two_hosts, why_not_here  # tests/hosts.py, shared with tests/test_hosts.py
 
 
 def record(hosts: tuple[Host, Host], iterations: int, path: Path) -> None:

@@ -2,8 +2,8 @@
 
 Each host is a network namespace (``ip netns``) with one end of a veth pair, on a /24 of its own; a command run on
 it may also get its own hostname (a UTS namespace) and a CLOCK_MONOTONIC some seconds away from the machine's (a
-time namespace, ``unshare --time --monotonic``). Used by tests/test_hosts.py (clocks apart) and
-benchmarks/validate_network.py (a link shaped by ``tc``). Needs root.
+time namespace, ``unshare --time --monotonic``). Used by tests/test_hosts.py (clocks apart),
+benchmarks/validate_network.py and benchmarks/validate_advice.py (a link shaped by ``tc``). Needs root.
 """
 
 from __future__ import annotations
@@ -20,14 +20,18 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Host:
     netns: str
+    """Its network namespace; empty for the machine's own (:func:`host_beside`)."""
     link: str
     """Its end of the veth pair (``GLOO_SOCKET_IFNAME``, ``tc``'s device)."""
     address: str
     hostname: str
 
     def command(self, argv: list[str], clock_offset_s: int | None = None) -> list[str]:
-        """``argv`` run in this host's network namespace; with ``clock_offset_s``, also under its own hostname
-        with its monotonic clock that many seconds ahead of the machine's."""
+        """``argv`` run in this host's network namespace (as it is on the machine's own, ``netns`` empty); with
+        ``clock_offset_s``, also under its own hostname with its monotonic clock that many seconds ahead of the
+        machine's."""
+        if not self.netns:
+            return argv
         netns = ["ip", "netns", "exec", self.netns]
         if clock_offset_s is None:
             return [*netns, *argv]
@@ -82,3 +86,33 @@ def two_hosts(third_octet: int = 7) -> Iterator[tuple[Host, Host]]:
     finally:
         for name in made:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@contextmanager
+def host_beside(third_octet: int = 11) -> Iterator[tuple[Host, Host]]:
+    """The machine itself (``netns`` empty) at 10.N.``third_octet``.1 and a host in a namespace at .2, joined by a
+    veth pair: a process of the machine's (a monitor) reaches both. Torn down on exit."""
+    tag = uuid.uuid4().hex[:6]
+    net = 10 + int(tag[:2], 16) % 200
+    here = Host("", f"vh{tag}", f"10.{net}.{third_octet}.1", "")
+    there = Host(f"dtT{tag}", f"vt{tag}", f"10.{net}.{third_octet}.2", "host-b")
+    _ip("netns", "add", there.netns)
+    try:
+        _ip("link", "add", here.link, "type", "veth", "peer", "name", there.link)
+        _ip("link", "set", there.link, "netns", there.netns)
+        _ip("addr", "add", f"{here.address}/24", "dev", here.link)
+        _ip("link", "set", here.link, "up")
+        _ip("-n", there.netns, "addr", "add", f"{there.address}/24", "dev", there.link)
+        _ip("-n", there.netns, "link", "set", there.link, "up")
+        _ip("-n", there.netns, "link", "set", "lo", "up")
+        yield here, there
+    finally:
+        subprocess.run(["ip", "netns", "del", there.netns], capture_output=True)  # and with it the pair
+
+
+def shape(hosts: tuple[Host, Host], mbit: float) -> None:
+    """Both directions of the link at ``mbit`` Mbit/s (a token bucket on each end's egress)."""
+    for host in hosts:
+        subprocess.run(host.command(["tc", "qdisc", "replace", "dev", host.link, "root", "tbf", "rate",
+                                     f"{mbit:g}mbit", "burst", "512kb", "latency", "200ms"]),
+                       check=True, capture_output=True)

@@ -73,6 +73,11 @@ class DemoJob:
             cmd += ["--iterations", str(self.iterations)]
         return cmd
 
+    def placed(self, rank: int, argv: list[str], env: dict[str, str]) -> list[str]:
+        """Rank ``rank``'s command line where it runs, its environment amended in place for there: here, as they
+        are (a benchmark puts ranks on hosts of their own)."""
+        return argv
+
     def start(self) -> None:
         if self._procs:
             raise RuntimeError("the demo job is already started")
@@ -84,7 +89,7 @@ class DemoJob:
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port, DAGTOP_ENDPOINT=self.endpoint)
             env[MONITOR_PID_ENV] = str(os.getpid())  # the rank stops when we die, even by SIGKILL
             self._procs.append(subprocess.Popen(
-                self.command(), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                self.placed(rank, self.command(), env), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() reaches DataLoader workers too
             ))
 
