@@ -163,7 +163,7 @@ def write_text(s: dict[str, Any], out: TextIO) -> None:
         w(f"straggler        rank {st['rank']}: {st['category']} {st['excess_ms']:+.1f} ms per iteration [{lo:.1f}, "
           f"{hi:.1f} at 95 %] over the other ranks' median (busy {st['busy_excess_ms']:+.1f} ms); above them in "
           f"{st['above']} of {st['iterations']} iterations (p = {st['p_value']:.1g})\n")
-    elif s["iterations"] < LONGEST and s.get("lasted_s", SPAN_S) < SPAN_S:
+    elif s["iterations"] < LONGEST and s["lasted_s"] < SPAN_S:
         w(f"straggler        none named: the iterations analysed last {s['lasted_s']:.1f} s, and a rank is named from "
           f"{SPAN_S:.0f} s of them at least (or {LONGEST} iterations)\n")
     else:

@@ -112,7 +112,8 @@ def _counted(analyses: Sequence[IterationAnalysis]) -> list[IterationAnalysis]:
 def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = (), buckets: Buckets | None = None,
            telemetry: Sequence[Telemetry] = ()) -> Advice:
     """Every candidate over the steady window of ``analyses`` (oldest first)."""
-    chosen = window_of(analyses)
+    counted = _counted(analyses)
+    chosen = counted[-WINDOW:]
     needed = verdict.WINDOW
     if not chosen:
         return Advice(0, needed, 0.0, 0.0, f"no steady iteration analysed yet (the advice needs {needed})")
@@ -143,7 +144,7 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
     comm = model.comm if model is not None else comm  # with the stretch the buckets' schedule found
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
                tuple(backwards), layout, model, tuple(ranks), tuple(telemetry),
-               tuple(_counted(analyses)[-verdict.HISTORY:]))
+               tuple(counted[-verdict.HISTORY:]))
     found = [c for make in MAKERS for c in make(w)]
     predicted = [c for c in found if c.confidence is not Confidence.WITHHELD]
     buying = {Kind.SCALE_OUT, Kind.NETWORK}
