@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -145,7 +146,8 @@ def trials(advice: Advice, job: JobKind) -> list[Trial]:
     otherwise have named."""
     out = []
     for c in advice.fixes:
-        if c.kind is Kind.BUCKETS and not c.setting and advice.buckets is not None:
+        # A keep is no setting at ×1.00; DDP's default advised over other buckets is no setting either, but a gain.
+        if c.kind is Kind.BUCKETS and not c.setting and c.speedup == 1.0 and advice.buckets is not None:
             model = advice.buckets
             other = min((g for g in model.tried if g.counts != model.layout.now and not g.extrapolated),
                         key=lambda g: g.median_ms, default=None)
@@ -182,6 +184,14 @@ def run_ranks(job: JobKind, tmp: Path, blocks: int, make: Callable[[list[str]], 
     arms_file, out, path = tmp / "arms", tmp / "steps.json", tmp / "recorded.dagtop"
     ranks = make([*job.args, "--iterations", str(RECORD_ITERATIONS + 10), "--arms-file", str(arms_file),
                   "--blocks", str(blocks), "--out", str(out)])
+    try:  # the ranks stopped however this ends (SIGTERM included: main turns it into an exit)
+        return record_advise_rerun(job, ranks, blocks, arms_file, out, path)
+    finally:
+        ranks.stop()
+
+
+def record_advise_rerun(job: JobKind, ranks: Ranks, blocks: int, arms_file: Path, out: Path, path: Path
+                        ) -> tuple[Advice, list[Trial], dict[str, Any]]:
     source = ZmqSource(ranks.endpoint)
     try:
         with RecordingWriter(path) as writer:
@@ -191,7 +201,6 @@ def run_ranks(job: JobKind, tmp: Path, blocks: int, make: Callable[[list[str]], 
     finally:
         source.close()
     if result.stopped_because != "iterations":
-        ranks.stop()
         sys.exit(f"validate_advice: recording {job.name} stopped ({result.stopped_because}); log {ranks.log_path}")
     pipeline, _ = load(str(path))
     advice = advise_snapshot(pipeline.snapshot())
@@ -200,9 +209,7 @@ def run_ranks(job: JobKind, tmp: Path, blocks: int, make: Callable[[list[str]], 
     ready.write_text(",".join(t.arm for t in chosen))
     ready.rename(arms_file)  # whole, at once: the ranks poll for it
     if not ranks.wait(1800):
-        ranks.stop()
         sys.exit(f"validate_advice: the re-run of {job.name} did not finish; log {ranks.log_path}")
-    ranks.stop()
     if not chosen:
         return advice, [], {}
     if not out.exists():
@@ -265,6 +272,8 @@ def main() -> None:
     if os.getsid(0) != os.getpid():  # a session of our own, so that its scheduler group is ours alone
         os.execvp("setsid", ["setsid", "--wait", sys.executable, *sys.argv])
     Path("/proc/self/autogroup").write_text(SHIELD)
+    # Stopped with SIGTERM, leave through the finally blocks: the ranks stopped, the second host's namespace deleted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("validate_advice: stopped (SIGTERM)"))
     tmp = Path(tempfile.mkdtemp(prefix="dagtop-advice-"))
     table: list[dict[str, Any]] = []
     advised: dict[tuple[str, int], str] = {}

@@ -303,8 +303,7 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
     all-reduces after the backward alone, the stretch κ is the one whose schedule of the buckets now ends where the
     observed all-reduces ended (median over the backwards): the buckets beside the backward are few and their
     durations, on a loaded machine, more scheduling than work, so they are weighed as a whole, not one by one."""
-    if comm.after:
-        comm = tail_stretch(layout, backwards, comm)
+    comm = stretched(layout, backwards, comm)
     typical = _typical(backwards)
     low = comm.sizes < 3  # two sizes cannot tell latency from stretch well below the smallest one
 
@@ -340,6 +339,12 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
     observed = statistics.median(b.observed_end - b.end for b in backwards)
     error = abs(modelled - observed) / 1e6 / typical.identity_ms if typical.identity_ms > 0 else 0.0
     return BucketModel(layout, comm, now, tuple(tried.values()), error, layout.now == default, len(backwards))
+
+
+def stretched(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> AllReduce:
+    """``comm`` with its stretch under the backward from the buckets' tail (:func:`tail_stretch`) where α and β
+    were fitted on the all-reduces after the backward alone; as it is where the joint fit found the stretch too."""
+    return tail_stretch(layout, backwards, comm) if comm.after else comm
 
 
 def tail_stretch(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> AllReduce:

@@ -65,8 +65,8 @@ def _buckets(w: Window) -> list[Candidate]:
                                                "timed blocks: their backward times are unknown")]
     if w.buckets is None or w.comm is None or not w.backwards:
         return [withheld(Kind.BUCKETS, title, "no backward timed with its buckets in the window")]
-    if w.comm.sizes < MIN_SIZES:
-        return [withheld(Kind.BUCKETS, title, UNTOLD.format(sizes=w.comm.sizes))]
+    if w.buckets.comm.sizes < MIN_SIZES:
+        return [withheld(Kind.BUCKETS, title, UNTOLD.format(sizes=w.buckets.comm.sizes))]
     if w.buckets.error > MAX_REPLAY_ERROR:
         return [withheld(Kind.BUCKETS, title, f"the bucket schedule replays the all-reduces {w.buckets.error * 100:.1f} % "
                                                f"of the step off what was observed (over {MAX_REPLAY_ERROR * 100:.0f} %)")]
@@ -86,7 +86,7 @@ def _buckets(w: Window) -> list[Candidate]:
     confidence, doubt = confidence_of(Kind.BUCKETS)
     scale = w.step_ms / w.identity_ms if w.identity_ms > 0 else 1.0
     evidence = (f"{len(w.layout.now)} buckets now; the schedule replays their all-reduces {w.buckets.error * 100:.1f} % "
-                f"of the step off the observed ({w.comm.describe()}); {len(w.buckets.tried)} groupings replayed on "
+                f"of the step off the observed ({w.buckets.comm.describe()}); {len(w.buckets.tried)} groupings replayed on "
                 f"{w.buckets.iterations} iterations: " + ", ".join(
                     f"{g.label.split(' (')[0]} {g.median_ms * scale:.1f} ms" + (" (latency extrapolated)"
                                                                                if g.extrapolated else "")
