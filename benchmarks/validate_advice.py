@@ -41,8 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from hosts import Host, host_beside, shape, why_not_here  # tests/hosts.py, as benchmarks/validate_network.py
 
 JOBS_SCRIPT = str(Path(__file__).with_name("advice_jobs.py"))
-RECORD_ITERATIONS = 60
-"""Iterations recorded: warm-up, then more than the verdict's window of 20 (the advice reads up to 50)."""
+RECORD_ITERATIONS = 100
+"""Iterations recorded: warm-up, then more than the verdict's window of 20 (the advice reads up to 50), and long
+enough for a straggler to be named in a job of fast steps (2 s of them: the hog job's 60 iterations of 28 ms did
+not last it, and its straggler went unadvised)."""
 TOP = 3
 """Changes re-run per job: the advice's best few (that the job can make)."""
 
