@@ -88,8 +88,9 @@ class DemoJob:
             env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.ranks),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port, DAGTOP_ENDPOINT=self.endpoint)
             env[MONITOR_PID_ENV] = str(os.getpid())  # the rank stops when we die, even by SIGKILL
+            argv = self.placed(rank, self.command(), env)
             self._procs.append(subprocess.Popen(
-                self.placed(rank, self.command(), env), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() reaches DataLoader workers too
             ))
 

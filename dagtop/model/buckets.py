@@ -185,7 +185,7 @@ def shares(spans: Sequence[tuple[int, int, int]], together: int = 1) -> tuple[tu
     it instead, as if they had run one after the other, the first looks slow and the second quick: over a 1 Gbit/s
     link a 28 MiB bucket took 348 ms and the 24 MiB one after it 106 ms where each alone took 245 and 210 ms; the
     fit read the first's slowness as a stretch under the backward (×7), and no smaller bucket looked worth having.
-    Shared, they are credited 238 and 216 ms, and the two still fill the channel from the first's start to the
+    Shared, they are credited 238 and 215 ms, and the two still fill the channel from the first's start to the
     second's end.
 
         >>> shares([(1, 0, 10), (1, 6, 20)])  # together 1: the second waits until 10
