@@ -50,18 +50,18 @@ DOUBT: Mapping[Kind, str] = {
     Kind.SCALE_OUT: "not validated: the α-β fit is extrapolated to more ranks than ran, and the test machine's 2 "
                     "cores cannot run more ranks without measuring core sharing instead",
     Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
-    Kind.ACCUMULATION: "within the target in 4 of 9 re-runs on a 2-core CPU machine at load 12-17 (2026-11-27): "
-                       "under-predicted by 10-17 % where many small all-reduces or a CPU hog make each all-reduce "
-                       "cost more than the recorded ones (×2.12 predicted, ×2.55 re-run), over-predicted by 11 % on "
-                       "an 18-layer MLP's tiny buckets (×2.10, ×1.89), 4 points short on a transformer (×1.05, ×1.09)",
+    Kind.ACCUMULATION: "within the target in 9 of 11 re-runs on a 2-core CPU machine at load 1-3 (2026-11-27), and in 16 "
+                       "of 19 earlier re-runs judged again: under-predicted by 17-19 % on a 41-layer MLP whose many small "
+                       "all-reduces cost more in its re-runs than recorded (×1.30 predicted, ×1.61 re-run), 2 points "
+                       "short on a transformer (×1.07, ×1.09)",
     Kind.BUCKETS: "re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error 4.3 %), "
                   "over by 11-12 % on MG-WFBP's grouping of tiny buckets and by 18 % for one bucket per layer (an "
                   "all-reduce's start-up cost varies with the load); DDP's default over tiny buckets ×1.24 and ×1.76 "
                   "predicted, ×1.19 and ×1.52 re-run; over a 1 Gbit/s link, smaller buckets than the default ×1.12 "
                   "predicted twice, ×1.13 and ×1.10 re-run",
-    Kind.STRAGGLER: "the straggler's 'at the median' replay predicted ×1.51 where stopping the CPU hog gained ×1.29 "
-                    "(2-core CPU machine at load 13, 2026-11-27); it met the target in three earlier rounds under the "
-                    "older verdict (×1.26-×1.32 predicted, ×1.37-×1.40 re-run)",
+    Kind.STRAGGLER: "on CPU cores the job shares, said as a lower bound: at least ×1.12 and ×1.05 predicted, ×1.61 and "
+                    "×1.65 re-run with the CPU hog stopped (2-core CPU machine at load 1-3, 2026-11-27); as a point it "
+                    "missed both ways (×1.51 predicted, ×1.29 re-run at load 13; ×1.26-×1.32, ×1.37-×1.40 before)",
     Kind.COMPRESSION: "not validated: the test machine has no GPU (on CPU ranks it is not advised: measured slower)",
 }
 """Why a kind's predictions are of lower confidence (from benchmarks/validate_advice.py; the figures are throughput
