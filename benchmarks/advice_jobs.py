@@ -20,7 +20,8 @@ An arm is ``name`` or ``name=value``: ``base``; ``cap=X`` (``bucket_cap_mb=X``),
 ``caps=a:b:c`` (``bucket_cap_mb_list``); ``workers=N`` (``num_workers=N, persistent_workers=True``);
 ``hook=bf16`` / ``hook=fp16`` (DDP's compress hooks), ``hook=noop`` (a hook that communicates nothing);
 ``nosync`` (every step under ``no_sync``: no all-reduce, no bucket copies); ``accumulate=K`` (``no_sync`` over K micro-batches, one
-update per K); ``hog=off`` (the hog stopped with SIGSTOP for the arm's blocks).
+update per K); ``hog=off`` (the hog stopped with SIGSTOP for the arm's blocks); ``dagtop`` (the job with dagtop
+attached: what the recording measured, beside the job the changes are compared with).
 """
 
 from __future__ import annotations
@@ -138,6 +139,11 @@ class Arm:
         self.loader = loader_of(args, int(value) if name == "workers" else args.workers)
         self.batches = forever(self.loader)
         self.hog_off = spec == "hog=off"
+        if name == "dagtop":  # the job as it was, with dagtop attached (its frames sent to whoever listens)
+            import instrument
+
+            tracer = instrument.attach(self.ddp, self.optimizer, granularity=args.granularity)
+            self.batches = forever(tracer.loader(self.loader))  # type: ignore[arg-type]
         self.samples_per_step = args.batch * world * self.accumulate
 
     def step(self) -> None:

@@ -80,6 +80,11 @@ JOBS = (
 )
 
 
+SHIM_ARM = "dagtop"
+"""Re-run beside the changes: the job with dagtop attached, against the job as it was. The advice predicts from a
+recording made with dagtop on, and the changes are measured with it off: where dagtop slows the job, the two are
+not the same job, and this says by how much."""
+
 SHIELD = "-10"
 """The scheduler-group nice of every rank and of this script (advice_jobs.PRIORITY_ENV): the machine is shared with
 other people's test runs, which would otherwise take a varying share of the two cores from both measurements."""
@@ -208,7 +213,7 @@ def record_advise_rerun(job: JobKind, ranks: Ranks, blocks: int, arms_file: Path
     advice = advise_snapshot(pipeline.snapshot())
     chosen = [] if advice.held else trials(advice, job)
     ready = arms_file.with_suffix(".tmp")
-    ready.write_text(",".join(t.arm for t in chosen))
+    ready.write_text(",".join([*(t.arm for t in chosen), *([SHIM_ARM] if chosen else [])]))
     ready.rename(arms_file)  # whole, at once: the ranks poll for it
     if not ranks.wait(1800):
         sys.exit(f"validate_advice: the re-run of {job.name} did not finish; log {ranks.log_path}")
@@ -278,6 +283,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("validate_advice: stopped (SIGTERM)"))
     tmp = Path(tempfile.mkdtemp(prefix="dagtop-advice-"))
     table: list[dict[str, Any]] = []
+    shims: list[dict[str, Any]] = []
     advised: dict[tuple[str, int], str] = {}
     print(f"{'job':<24} {'candidate':<34} {'predicted':>9} {'measured':>9} {'spread':>13} {'error':>7} ok  best")
     linked = why_not_here("tc")
@@ -300,6 +306,11 @@ def main() -> None:
             gaining = [t for t in chosen if not t.keep and not t.reference and best is not None
                        and bool(t.candidate.caveat) == bool(best.caveat)]
             truly = max(gaining, key=lambda t: rows[t.arm]["measured"]) if gaining else None
+            if SHIM_ARM in data.get("arms", {}):
+                shim = measured(data, SHIM_ARM, args.blocks)
+                shims.append({"job": job.name, "round": r, **shim})
+                print(f"{'':<24} {'(dagtop attached, not a change)':<34} {'':>9} {shim['measured']:>8.3f}× "
+                      f"{shim['q1']:>6.3f}–{shim['q3']:<6.3f}: the job as recorded, against it as re-run", flush=True)
             for t in chosen:
                 m = rows[t.arm]
                 ok = within(t.predicted, m["measured"])
@@ -319,6 +330,7 @@ def main() -> None:
                       f"{'✓' if ok else '✗'}  {mark}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=1))
+        Path(args.json).with_suffix(".dagtop-on.json").write_text(json.dumps(shims, indent=1))
     jobs = {(row["job"], row["round"]) for row in table if not row["keep"]}
     rerun = {(row["job"], row["round"]) for row in table if row["advised_best"]}
     right = sum(1 for j in rerun if any(row["advised_best"] and row["truly_best"] for row in table
