@@ -7,13 +7,16 @@ the job as it was and each change take turns every few steps (two DDP copies wit
 DataLoader, DDP's compress hook, ``no_sync`` micro-batches, the hog stopped with SIGSTOP), so the machine's load
 falls on all of them alike. The measured gain of a change is the median over block pairs of (samples/s with the
 change) / (samples/s as it was) in the adjacent block, with the block pairs' interquartile range as its spread.
+Beside the changes the job also runs with dagtop attached (:data:`SHIM_ARM`): what the recording's job was against
+the job the changes are measured on. One job runs its rank 1 on a second host over a 1 Gbit/s link (needs root and
+``tc``; skipped with the reason otherwise), where the all-reduces overlap the backward as between GPU nodes.
 
 Target (issue #26): each predicted gain within ±10 % of the measured (relative, on the throughput ratio), or
 within 1 point of step time where the measured gain is under 10 %; the advice's best change the truly best of
 those re-run in ≥ 90 % of the jobs.
 
 Run: ``flock /tmp/dagtop-bench.lock python benchmarks/validate_advice.py [--only JOB] [--rounds 1]``; prints the
-table and writes it as JSON with ``--json FILE``.
+table and writes it as JSON with ``--json FILE`` (dagtop's own cost beside it, ``FILE`` with ``.dagtop-on.json``).
 """
 
 from __future__ import annotations
