@@ -10,11 +10,17 @@ built-in one (x · (1/P)) when P is not a power of two, so training would not be
 So the reducer keeps its own hook, and dagtop sits where that hook hands each bucket to the process group: the
 reducer's process group is swapped for :class:`_Tap`, a ``ProcessGroup`` subclass that forwards everything to
 the real one (its backends are registered on the tap) and, for the bucket all-reduces, notes when the bucket was
-handed over (ready) and gives the reducer a future completed after dagtop's callback on the real one (done).
-The reduction, its numerics and its thread are DDP's own; dagtop adds one Python call, one callback and one
-future per bucket (about 20 µs of CPU per bucket on this 2-core VM, most of it crossing between C++ and Python:
-benchmarks/bench_overhead.py). Relies on the private ``Reducer._update_process_group`` (torch 2.2 to 2.13; DDP's own
-``_update_process_group`` uses it); where it fails, attach warns and the buckets go untimed.
+handed over (ready) and when its all-reduce was over (done). The reduction, its numerics and its thread are DDP's
+own. How done is noted depends on the clock:
+
+- on the host clock (gloo on CPU tensors), the reducer is handed the real work, and the training thread notices
+  its end (instrument/polled.py): no Python runs on gloo's threads, which would wait there for the GIL with the
+  next bucket's all-reduce behind them;
+- on a GPU, a CUDA event is recorded in a callback on the work's future, and the reducer is handed a work whose
+  future completes after that callback (see :meth:`_Tap.allreduce`).
+
+Relies on the private ``Reducer._update_process_group`` (torch 2.2 to 2.13; DDP's own ``_update_process_group``
+uses it); where it fails, attach warns and the buckets go untimed.
 
 The reducer hands buckets over in index order (it waits for bucket k before k+1, "buckets are reduced in
 sequence"), so the n-th bucket all-reduce of a backward is bucket n; the count restarts at every synced forward
@@ -36,18 +42,20 @@ import torch
 import torch.distributed as dist
 
 from instrument.events import COLLECTIVE, SYNC_ON_MAIN
-from instrument.probe import Probe
+from instrument.polled import Polled
+from instrument.probe import Moment, Probe
 from instrument.teardown import Held, Pending, restash_context, unstash_context
 from instrument.wire_fields import Bucket
 
 _work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
-"""torch's C++ ``Work`` around a future (private, not in the stubs); a torch without it leaves the buckets untimed
-(:class:`BucketTimer` refuses to start, attach warns) rather than failing the shim's import."""
+"""torch's C++ ``Work`` around a future (private, not in the stubs); on a GPU, a torch without it leaves the buckets
+untimed (:class:`BucketTimer` refuses to start, attach warns) rather than failing the shim's import."""
 
 _compiling = torch.compiler.is_compiling
+_graph_task_id = torch._C._current_graph_task_id
 
-BucketDone = Callable[[torch.futures.Future[list[torch.Tensor]]], list[torch.Tensor]]
-"""The callback on a bucket's all-reduce future: notes the end, hands the reduced bucket on."""
+Handover = Callable[[Any], Any]
+"""Takes a bucket's real work and returns the work the reducer is to wait on."""
 
 _inside = threading.local()
 """``inside.tap`` is True on a thread running the tap's all-reduce: the reducer holds its lock there."""
@@ -56,11 +64,11 @@ _inside = threading.local()
 class _Tap(dist.ProcessGroup):
     """The process group DDP's reducer sees: the real one's backends, and :meth:`allreduce` noted on the way."""
 
-    def __init__(self, inner: dist.ProcessGroup, issued: Callable[[Sequence[torch.Tensor]], BucketDone | None]) -> None:
+    def __init__(self, inner: dist.ProcessGroup, issued: Callable[[Sequence[torch.Tensor]], Handover | None]) -> None:
         super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg] # the stubs know one overload
         self.inner = inner
         self._issued = issued
-        """Called as a bucket is handed over; returns the callback for the work's future, or None."""
+        """Called as a bucket is handed over; returns what turns the real work into the reducer's, or None (untimed)."""
         for device in inner._device_types:
             backend = inner._get_backend(device)
             self._register_backend(device, _backend_type(backend), backend)
@@ -69,27 +77,20 @@ class _Tap(dist.ProcessGroup):
             self._set_default_backend(default)
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override] # the C++ one
-        """The real all-reduce; for a bucket, a work whose future completes after dagtop's callback on the real one.
+        """The real all-reduce, its work handed to the reducer as the bucket timer says (:meth:`BucketTimer._issued`).
 
-        The reducer waits for each bucket's future before the optimizer may run: handing it the ``then`` future
-        makes it wait until the done event is noted, as it waits for a comm hook's future. Waiting on the work's
-        own future instead, the callback would run on the collective's thread only when the training thread next
-        lets go of the GIL, stamping "done" late, in the next iteration at worst. The work around that future is
-        torch's own C++ one (``_create_work_from_future``, "the preferred way of constructing Work objects when
-        writing a custom ProcessGroup in python"): the reducer then reads its future without calling into Python.
-
-        Tried and measured (#29): the work handed back as it is, with the callback added to its own future. That
-        costs less (at world size 1 with 16 buckets, about 17 µs of the training thread and 12 µs of gloo's per
-        bucket), but the callback then waits for the GIL, which the training thread takes back after each torch
-        op faster than a woken thread gets it: on two ranks of a loaded 2-core VM, 10-20 % of iterations had a
-        bucket stamped done during the optimizer step, milliseconds late (tests/test_e2e_ddp.py caught it).
+        On a GPU, a work whose future completes after dagtop's callback on the real one: the reducer waits for each
+        bucket's future before the optimizer may run, so it then waits until the done event is recorded, as it waits
+        for a comm hook's future. The work around that future is torch's own C++ one (``_create_work_from_future``,
+        "the preferred way of constructing Work objects when writing a custom ProcessGroup in python"): the reducer
+        then reads its future without calling into Python.
         """
         _inside.tap = True
         context = unstash_context()  # not copied into the work: freed on a gloo thread (instrument/teardown.py)
         try:
-            done = self._issued(tensors)
+            handover = self._issued(tensors)
             work = self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
-            return work if done is None or _work_from_future is None else _work_from_future(work.get_future().then(done))
+            return work if handover is None else handover(work)
         finally:
             restash_context(context)
             _inside.tap = False
@@ -135,7 +136,8 @@ class BucketTimer:
 
     On gloo with CPU tensors the future completes when the all-reduce is over on this rank, so the CPU clock
     is right; the span includes waiting for the slowest rank, which is intended (the monitor starts the
-    collective at the latest ready across ranks). On CUDA, ``stamp`` records events instead: ready on the
+    collective at the latest ready across ranks). There the probe's ``polled`` notices the end on the training
+    thread (instrument/polled.py). On CUDA, ``stamp`` records events instead: ready on the
     stream current where the reducer hands the bucket over (the gradients' stream), done in the future's
     callback, which torch runs on a stream made to wait for the collective (an NCCL future completes at
     enqueue, so the host clock would say nothing).
@@ -175,7 +177,9 @@ class BucketTimer:
         """Whether the user's own comm hook (whose collectives bypass the tap) was warned about."""
         self._open: dict[int, int] = {}
         """Bucket index -> ``perf_counter_ns`` when it was handed over, while its all-reduce is in flight."""
-        if _work_from_future is None:
+        self._polled = probe.polled
+        """Where the training thread notices a host-clock all-reduce's end; None on a GPU (a callback records it)."""
+        if self._polled is None and _work_from_future is None:
             raise RuntimeError("torch has no _create_work_from_future")
         self._real = ddp.process_group
         self.pending = Pending()
@@ -197,12 +201,17 @@ class BucketTimer:
     def new_pass(self) -> None:
         """A forward that will all-reduce in its backward: the reducer starts again at bucket 0."""
         self._next = 0
+        polled = self._polled
+        if polled is not None and (polled.open or polled.queued) and _graph_task_id() == -1:
+            # Outside any backward, nothing is in flight but what a backward that failed midway left: it ended there.
+            polled.forget()
+            self._open.clear()
 
-    def _issued(self, tensors: Sequence[torch.Tensor]) -> BucketDone | None:
-        """The reducer hands a bucket over: note it; the callback for its future, or None if untimed.
+    def _issued(self, tensors: Sequence[torch.Tensor]) -> Handover | None:
+        """The reducer hands a bucket over: note it; what turns the real work into the reducer's, or None if untimed.
 
-        Runs on the training thread for every bucket, and its callback on the collective's thread: both kept to
-        a few attribute reads (the bucket's name and size are worked out once per index and byte count).
+        Runs on the training thread for every bucket (on a GPU, its callback on the collective's thread): kept to a
+        few attribute reads (the bucket's name and size are worked out once per index and byte count).
         """
         if not self._switch.on or len(tensors) != 1:
             return None
@@ -224,7 +233,10 @@ class BucketTimer:
             self._fail(exc)
             return None
         name, size = known[2], known[3][0]
-        open_, ended = self._open, self._probe.ended
+        open_, polled = self._open, self._polled
+        if polled is not None:
+            return self._host_handover(polled, index, name, ready, size)
+        ended = self._probe.ended
 
         def done(future: torch.futures.Future[list[torch.Tensor]],
                  held: Held = Held(self.pending)) -> list[torch.Tensor]:  # noqa: B008 - one per callback, on purpose
@@ -232,7 +244,26 @@ class BucketTimer:
             ended(COLLECTIVE, name, ready, size)
             return future.value()  # a failed collective raises here, as it would without dagtop
 
-        return done
+        make_work = _work_from_future
+        return None if make_work is None else lambda work: make_work(work.get_future().then(done))
+
+    def _host_handover(self, polled: Polled, index: int, name: str, ready: Moment, size: int) -> Handover:
+        """On the host clock: the reducer gets the real work; the training thread notices its end (instrument/polled.py).
+        A bucket handed over is a moment to look at those before it."""
+        if isinstance(ready, int):  # the host clock's moments are
+            polled.poll(ready)
+        open_, sink, lane = self._open, self._probe.sink, self._probe.lane
+        category, phase = COLLECTIVE
+
+        def finish(end: int) -> None:
+            open_.pop(index, None)
+            sink((category, phase, name, lane, ready, end, size))
+
+        def handover(work: Any) -> Any:
+            polled.watch(work.get_future(), finish)
+            return work
+
+        return handover
 
     def in_flight(self) -> tuple[str, int] | None:
         """The oldest all-reduce handed over and not done: its task name and ``perf_counter_ns`` then; or None.

@@ -13,6 +13,8 @@ from instrument.events import RawEvent, TaskKind
 if TYPE_CHECKING:
     import torch
 
+    from instrument.polled import Polled
+
 Moment: TypeAlias = "int | torch.cuda.Event | None"
 """A timestamp: ``perf_counter_ns()`` on CPU, a recorded CUDA event on a GPU, None where none may be taken (a
 CUDA graph being captured)."""
@@ -50,17 +52,20 @@ class Probe:
         lane: the lane the events go on (``main``, ``gpu``, ``comm``...).
         switch: whether the shim is on.
         fail: what an internal error does: switch the shim off, warning once.
+        polled: on the host clock, the collectives in flight whose end the training thread's hooks notice
+            (instrument/polled.py); None on a GPU, where a collective's future records its end.
     """
 
-    __slots__ = ("fail", "lane", "sink", "stamp", "switch")
+    __slots__ = ("fail", "lane", "polled", "sink", "stamp", "switch")
 
     def __init__(self, sink: Callable[[RawEvent], None], stamp: Stamp, lane: str, switch: Switch,
-                 fail: Fail) -> None:
+                 fail: Fail, polled: Polled | None = None) -> None:
         self.sink, self.stamp, self.lane, self.switch, self.fail = sink, stamp, lane, switch, fail
+        self.polled = polled
 
     def on_lane(self, lane: str, stamp: Stamp | None = None) -> Probe:
         """This probe for events on another lane (and clock)."""
-        return Probe(self.sink, self.stamp if stamp is None else stamp, lane, self.switch, self.fail)
+        return Probe(self.sink, self.stamp if stamp is None else stamp, lane, self.switch, self.fail, self.polled)
 
     def ended(self, kind: TaskKind, name: str, start: Moment, nbytes: int = 0) -> None:
         """Record a task of ``kind`` on this lane that began at ``start`` and ends now; an error switches the shim

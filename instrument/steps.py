@@ -4,6 +4,7 @@ where the boundary cuts it, switching between block and per-layer timing between
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
     from instrument.boundary import IterationBoundary
     from instrument.comm import BucketTimer
+    from instrument.polled import Polled
     from instrument.probe import Moment, Stamp, Switch
     from instrument.publisher import Publisher
     from instrument.ranktracer import Granularity
@@ -47,6 +49,8 @@ class IterationHooks:
     """Of several models, the one whose forward opens an iteration: the first one run."""
     _ddp_of: dict[int, torch.nn.parallel.DistributedDataParallel | None]
     _comm: BucketTimer | None
+    _polled: Polled | None
+    """The host clock's collectives in flight (instrument/polled.py); None on a GPU."""
     _publisher: Publisher
     _grad_enabled: Callable[[], bool]
     _compiling: Callable[[], bool]
@@ -119,8 +123,11 @@ class IterationHooks:
         return self._guard(step_ended)
 
     def _backward_over(self) -> None:
-        # Backward is over: units whose backward ends at their last gradient accumulation are done.
+        # Backward is over: units whose backward ends at their last gradient accumulation are done; so are the
+        # collectives its final callback did not see end (where there was none to queue it: instrument/polled.py).
         (self._layers if self._detailed_now else self._blocks).flush()
+        if self._polled is not None and self._polled.open:
+            self._polled.poll(time.perf_counter_ns())
 
     def _on_top_forward(self, module: torch.nn.Module, args: object) -> None:
         """A forward of the whole model: past a backward with no step to end it, it may begin the next iteration."""

@@ -51,7 +51,7 @@ class UnitTimer:
         """What ``probe.sink`` appends to (list.append is atomic: autograd threads append concurrently), read for
         its length."""
         self._sink, self._stamp, self._lane = probe.sink, probe.stamp, probe.lane
-        self._switch, self._fail = probe.switch, probe.fail
+        self._switch, self._fail, self._polled = probe.switch, probe.fail, probe.polled
         self._handles: list[Removable] = []
         self._boundaries: Boundaries = {} if boundaries is None else boundaries
         """Autograd node id -> its prehook, for the current iteration (holding the node keeps the id unique);
@@ -128,7 +128,7 @@ class UnitTimer:
                 self._boundaries.clear()
             callbacks: list[AtMoment] = []
             boundary = self._boundaries[id(node)] = (node, callbacks)  # holding the node keeps its id unique
-            node.register_prehook(node_prehook(callbacks, self._stamp, self._switch, self._fail))
+            node.register_prehook(node_prehook(callbacks, self._stamp, self._switch, self._fail, self._polled))
         boundary[1].append(callback)
 
     def _hook_backward(self, unit: Unit, outputs: list[Node], inputs: list[Node] | None, on_start: AtMoment,

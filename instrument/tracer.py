@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from instrument.collectives import ScriptCollectives
     from instrument.comm import BucketTimer
+    from instrument.polled import Polled
     from instrument.probe import Removable
     from instrument.ranktracer import NullTracer, RankTracer
     from instrument.telemetry import TelemetryThread
@@ -91,6 +92,7 @@ class Tracer(IterationHooks, Closing):
         self._events: list[RawEvent] = []
         self._handles: list[Removable] = []
         self._comm: BucketTimer | None = None
+        self._polled: Polled | None = None
         self._script: ScriptCollectives | None = None
         self._telemetry: TelemetryThread | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -126,6 +128,7 @@ class Tracer(IterationHooks, Closing):
         models = wire_models(model, self._events, self._switch, self._fail)
         self._module, self.device, self._cuda = models.modules[0], models.device, models.cuda
         self._stamp, self._lane, self._guard = models.stamp, models.lane, models.probe.guard
+        self._polled = models.probe.polled
         self._blocks, self._layers = models.blocks, models.layers
         self._detailed_now = False
         self._switch_units(self._detailed(0))

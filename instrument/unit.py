@@ -16,6 +16,8 @@ from instrument.probe import Fail, Moment, Removable, Stamp, Switch
 if TYPE_CHECKING:
     from torch.autograd.graph import Node
 
+    from instrument.polled import Polled
+
 
 class _Marker(Enum):
     """A ``fwd_start`` that is no moment (an enum member, so that ``is`` tells mypy which it is)."""
@@ -57,8 +59,10 @@ class Unit:
         checkpoint runs its function under no_grad), kept until backward runs that forward again."""
 
 
-def node_prehook(callbacks: list[AtMoment], stamp: Stamp, switch: Switch, fail: Fail) -> Callable[[Grads], None]:
-    """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node."""
+def node_prehook(callbacks: list[AtMoment], stamp: Stamp, switch: Switch, fail: Fail,
+                 polled: Polled | None) -> Callable[[Grads], None]:
+    """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node. On the host
+    clock it is also a moment to notice the collectives that are over (``polled``, instrument/polled.py)."""
 
     def prehook(grad_outputs: Grads) -> None:
         if compiling() or not switch.on:  # compiled autograd traces the backward's hooks
@@ -67,6 +71,8 @@ def node_prehook(callbacks: list[AtMoment], stamp: Stamp, switch: Switch, fail: 
             now = stamp()
             for callback in callbacks:
                 callback(now)
+            if polled is not None and polled.open:
+                polled.poll(now)  # type: ignore[arg-type] # the host clock's moments are ints
         except Exception as exc:  # noqa: BLE001
             fail(exc)
 

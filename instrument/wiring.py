@@ -221,6 +221,7 @@ def wire_models(model: Any, events: list[RawEvent], switch: Switch, fail: Fail) 
 
     Called by the tracer's ``_install`` (``stacklevel`` 5 is the caller of ``attach()``).
     """
+    from instrument.polled import Polled
     from instrument.timerset import TimerSet
     from instrument.units import block_units, layer_units, model_name
 
@@ -241,7 +242,8 @@ def wire_models(model: Any, events: list[RawEvent], switch: Switch, fail: Fail) 
     # NCCL's futures complete at enqueue, so a CUDA job times its collectives on the stream too.
     stamp = cuda.stamp if cuda is not None else time.perf_counter_ns
     lane = "gpu" if cuda is not None else "main"
-    probe = Probe(events.append, stamp, lane, switch, fail)
+    # On the host clock the training thread notices when a collective is over (instrument/polled.py).
+    probe = Probe(events.append, stamp, lane, switch, fail, None if cuda is not None else Polled(fail))
     modules = [m for _, m in unwrapped]
     # The units, and around them the modules whose own work falls between them (instrument/spans.py).
     blocks = TimerSet.of(units_of(block_units, modules), spans_of(block_units, modules), events, probe)

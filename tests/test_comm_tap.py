@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from instrument.comm import BucketTimer
+from instrument.polled import Polled
 from instrument.probe import Probe, Switch
 
 
@@ -42,14 +44,17 @@ def _train(ddp: DDP, timer: BucketTimer, steps: int) -> list[Any]:
     return maps
 
 
-def _timer(ddp: DDP, events: list[tuple[Any, ...]]) -> BucketTimer:
-    return BucketTimer(ddp, Probe(events.append, __import__("time").perf_counter_ns, "comm", Switch(), pytest.fail))
+def _timer(ddp: DDP, events: list[tuple[Any, ...]], host: bool = True) -> BucketTimer:
+    """The timer on the host clock (the training thread notices each end), or as on a GPU (a callback on the future)."""
+    return BucketTimer(ddp, Probe(events.append, time.perf_counter_ns, "comm", Switch(), pytest.fail,
+                                  Polled(pytest.fail) if host else None))
 
 
-def test_every_bucket_is_timed_named_and_given_back(one_rank: None) -> None:
+@pytest.mark.parametrize("host", [True, False], ids=["noticed", "callback"])
+def test_every_bucket_is_timed_named_and_given_back(one_rank: None, host: bool) -> None:
     ddp = DDP(_model(), bucket_cap_mb=0.2)  # several buckets
     events: list[tuple[Any, ...]] = []
-    timer = _timer(ddp, events)
+    timer = _timer(ddp, events, host)
     maps = _train(ddp, timer, 4)
     buckets = ddp.reducer._get_zeros_like_grad_buckets()  # DDP's own view of its (rebuilt) buckets
     assert len(buckets) >= 2
@@ -107,15 +112,19 @@ def test_a_comm_hook_of_the_users_own_is_said_once(one_rank: None) -> None:
     assert len(said) == 1 and not events
 
 
-def test_a_torch_without_the_work_constructor_trains_with_its_buckets_untimed(
+def test_a_torch_without_the_work_constructor_times_host_buckets_and_refuses_gpu_ones(
         one_rank: None, collector: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's timer hands the reducer a work made around its callback's future; the host clock's needs none."""
     import instrument
     from instrument import comm, wire
 
     monkeypatch.setattr(comm, "_work_from_future", None)  # as on a torch whose c10d lacks it
+    with pytest.raises(RuntimeError, match="_create_work_from_future"):
+        _timer(DDP(_model()), [], host=False)
     ddp = DDP(_model())
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    with pytest.warns(RuntimeWarning, match="all-reduces are not timed"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing said: the buckets are timed
         tracer = instrument.attach(ddp, optimizer, endpoint=endpoint)
     try:
         collector.joined()
@@ -129,7 +138,7 @@ def test_a_torch_without_the_work_constructor_trains_with_its_buckets_untimed(
     batches = [f for f in map(wire.decode, (r.payload for r in collector.until_bye()))
                if isinstance(f, wire.IterationBatch)]
     categories = {e.category for b in batches for e in b.events}
-    assert len(batches) == 2 and "compute" in categories and "allreduce" not in categories
+    assert len(batches) == 2 and {"compute", "allreduce"} <= categories
 
 
 def test_a_bucket_is_handed_over_without_the_backwards_python_context_and_it_is_put_back(one_rank: None) -> None:
@@ -165,3 +174,52 @@ def test_a_bucket_is_handed_over_without_the_backwards_python_context_and_it_is_
     assert after and all(after)  # put back for the rest of the backward
     assert not torch._C._is_key_in_tls("context")  # and torch took it away at the end, as it does
     timer.remove()
+
+
+def test_on_the_host_clock_a_buckets_end_is_noticed_by_the_backward_not_after_it(
+        one_rank: None, collector: Any, endpoint: str) -> None:
+    """No Python on gloo's thread: the training thread notices an all-reduce's end at the next unit of the backward
+    (instrument/polled.py), and the last ones before the backward returns. Bucket 0's all-reduce is over while its
+    hand-over is held 50 ms; the backward then spends 50 ms more before its end: noticed at the end, bucket 0 would
+    end less than 50 ms before the update. The script sleeps 50 ms between backward and step: noticed at the step,
+    the last bucket would end less than that before it."""
+    import instrument
+    from instrument import wire
+
+    ddp = DDP(_model(), bucket_cap_mb=0.2)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    tracer = instrument.attach(ddp, optimizer, endpoint=endpoint)
+    try:
+        collector.joined()
+        comm = tracer._comm
+        assert comm is not None and comm._tap is not None
+        inner = comm._tap.inner
+
+        class Held:  # the real process group; bucket 0's hand-over held until its all-reduce is surely over
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def allreduce(self, *args: Any) -> Any:
+                work = inner.allreduce(*args)
+                if comm._next == 1:
+                    time.sleep(0.05)
+                return work
+
+        comm._tap.inner = Held()  # type: ignore[assignment]
+        ddp.module[0].weight.register_hook(lambda grad: time.sleep(0.05))  # the backward's last unit, after bucket 0
+        for _ in range(4):
+            ddp(torch.randn(8, 64)).square().mean().backward()
+            time.sleep(0.05)
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        tracer.close()
+    batches = [f for f in map(wire.decode, (r.payload for r in collector.until_bye()))
+               if isinstance(f, wire.IterationBatch)]
+    assert len(batches) == 4
+    for batch in batches[1:]:  # DDP rebuilds its buckets after the first iteration
+        buckets = {e.name: e for e in batch.events if e.category == "allreduce"}
+        update = next(e for e in batch.events if e.phase == "update")
+        assert len(buckets) >= 2 and all(e.start_ns <= e.end_ns <= update.start_ns for e in buckets.values())
+        assert update.start_ns - buckets["bucket 0"].end_ns >= 90_000_000, batch.iteration
+        assert update.start_ns - max(e.end_ns for e in buckets.values()) >= 40_000_000, batch.iteration
