@@ -1,17 +1,19 @@
-"""What the shim costs a training job: each rank's CPU per step beside step time, on four kinds of job.
+"""What the shim costs a training job: each rank's CPU per step beside step time, on five kinds of job.
 
     python benchmarks/bench_overhead.py                        # 12 rounds of each kind, ~12 minutes on 2 cores
     python benchmarks/bench_overhead.py --rounds 3 --steps 10  # a quick look
     python benchmarks/bench_overhead.py --jobs mlp --modes plain block allreduce_hook layer
 
 Each kind (benchmarks/job_kinds.py: compute-heavy CNN, communication-heavy MLP, loader-bound job with DataLoader
-workers, small transformer) runs on two ranks of this machine (gloo, one torch thread per rank, each rank pinned to
+workers, small transformer, many small layers with a bucket each) runs on two ranks of this machine (gloo, one torch thread per rank, each rank pinned to
 a core), each rank one process that runs every mode in turn on the same model: a fresh ``DistributedDataParallel``
 per run, modes rotated every round so no mode always runs first. ``plain`` is DDP with its built-in C++
 all-reduce, the baseline; ``plain again``, the same once more: what the paired measure says of no change at all
 (its noise on this machine at this load); ``block`` is dagtop as shipped (default granularity, telemetry and
 heartbeats on);
-``allreduce_hook`` (PyTorch's Python comm hook, for reference), ``layer`` and ``layer 1 in 10`` on request.
+``allreduce_hook`` (PyTorch's Python comm hook, for reference), ``layer`` and ``layer 1 in 10`` on request, and
+``block, bucket callbacks``: dagtop with each bucket's end noted as it was before (a callback on the all-reduce's
+future, which runs on gloo's thread and waits there for the GIL; instrument/polled.py).
 Nothing listens on the endpoint: the publisher still encodes and sends every frame.
 
 Per round and mode: the slower rank's median step, and each rank's CPU per step — ``time.process_time()`` of
@@ -55,6 +57,7 @@ MODES: dict[str, dict[str, Any] | None] = {
     "plain": None,
     "plain again": None,
     "block": {"granularity": "block"},
+    "block, bucket callbacks": {"granularity": "block"},
     "allreduce_hook": None,
     "layer 1 in 10": {"granularity": "block", "sample_every": 10},
     "layer": {"granularity": "layer"},
@@ -62,7 +65,7 @@ MODES: dict[str, dict[str, Any] | None] = {
 WARMUP = 3
 THREADS = ("main", "gloo", "dagtop-publisher", "dagtop-telemetry", "zmq", "other")
 """The rank's threads, grouped: the training thread, gloo's (run loops and TCP loop), the shim's, ZeroMQ's."""
-STEPS = {"cnn": 25, "mlp": 40, "loader": 25, "transformer": 30}
+STEPS = {"cnn": 25, "mlp": 40, "loader": 25, "transformer": 30, "layers": 40}
 """Steps per run (after the warm-up), about a second of each kind on two ranks of this machine."""
 
 
@@ -94,13 +97,15 @@ def _run(job: job_kinds.Job, mode: str, steps: int) -> dict[str, Any]:
     """One run of ``mode``: this rank's median step, CPU per step (own and its workers'), CPU per step by thread."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    ddp = nn.parallel.DistributedDataParallel(job.model)
+    ddp = nn.parallel.DistributedDataParallel(job.model, **job.ddp)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     if mode == "allreduce_hook":
         ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
     options = MODES[mode]
     tracer: Any = instrument.NullTracer() if options is None else instrument.attach(
         ddp, optimizer, endpoint=free_endpoint(), **options)
+    if mode == "block, bucket callbacks" and tracer._comm is not None:
+        tracer._comm._polled = None  # each bucket's end noted in a callback on gloo's thread, as before stop 38
     batches = job.batches(WARMUP + steps)
     children = _children_cpu()
     stamps: list[float] = []

@@ -7,7 +7,12 @@
 * ``loader``, loader-bound: a small CNN fed by a ``DataLoader`` with two worker processes whose samples cost
   CPU to make (a blurred image each), more than the model's step;
 * ``transformer``: a 4-layer GPT-style model with dropout whose blocks sit in a ``ModuleList``, 64 tokens × 4
-  sequences.
+  sequences;
+* ``layers``, many small units and buckets: 41 small layers (64 to 1024 wide, 83 modules) with a gradient bucket
+  each (``bucket_cap_mb=0.02``), batch 32: where a cost per unit or per bucket adds up. Steps of 34-38 ms under
+  torchrun, but 88-96 ms in ranks that ``torch.multiprocessing`` spawned (bench_overhead.py), with or without dagtop:
+  its 41 small all-reduces are that much slower there, for a reason not found yet (not OMP_NUM_THREADS, nor the
+  loopback interface).
 
 Every batch is a function of the rank, the step and a seed, and the random draws during training (dropout, the
 loader's augmentation) come from generators torch seeds from ``seed``, so two runs of a kind train the same.
@@ -15,15 +20,16 @@ loader's augmentation) come from generators torch seeds from ``seed``, so two ru
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-KINDS = ("cnn", "mlp", "loader", "transformer")
+KINDS = ("cnn", "mlp", "loader", "transformer", "layers")
 LOADER_WORKERS = 2
 
 
@@ -35,6 +41,8 @@ class Job:
     batches: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]
     """``steps`` → the batches of one run: a list, or for ``loader`` a fresh ``DataLoader`` with workers."""
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ddp: dict[str, Any] = field(default_factory=dict)
+    """Its ``DistributedDataParallel`` arguments beyond the model."""
 
 
 class _BlurredImages(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -132,4 +140,13 @@ def make(kind: str, rank: int, seed: int = 0) -> Job:
             return out
 
         return Job(model, tokens, cross_entropy)
+    if kind == "layers":
+        widths = [64, 1024, 64, 512, 128, 256] * 7
+        layers: list[nn.Module] = []
+        for a, b in itertools.pairwise(widths):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.Linear(widths[-1], 10))
+        return Job(model, lambda steps: [(torch.randn(32, 64, generator=data),
+                                          torch.randint(10, (32,), generator=data)) for _ in range(steps)],
+                   cross_entropy, {"bucket_cap_mb": 0.02})
     raise ValueError(f"unknown job kind {kind!r}; one of {', '.join(KINDS)}")

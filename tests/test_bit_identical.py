@@ -14,7 +14,7 @@ import pytest
 from dagtop.demo.launch import free_endpoint
 from tests.ranks import run_job
 
-KINDS = ("cnn", "mlp", "loader", "transformer")
+KINDS = ("cnn", "mlp", "loader", "transformer", "layers")
 """benchmarks/job_kinds.py's kinds (not imported: benchmarks/ is not a package)."""
 
 

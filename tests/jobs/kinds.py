@@ -1,6 +1,6 @@
-"""One of the four kinds of job of benchmarks/job_kinds.py (``--kind``: compute-heavy CNN, communication-heavy
-MLP, loader-bound job with DataLoader workers, small transformer), trained under DDP for ``--steps`` steps with
-SGD and momentum; timed by dagtop unless ``DAGTOP_DISABLE=1``. The losses go to ``JOB_OUT`` (common.py)."""
+"""One of the kinds of job of benchmarks/job_kinds.py (``--kind``: compute-heavy CNN, communication-heavy
+MLP, loader-bound job with DataLoader workers, small transformer, many small layers with a bucket each), trained
+under DDP for ``--steps`` steps with SGD and momentum; timed by dagtop unless ``DAGTOP_DISABLE=1``. The losses go to ``JOB_OUT`` (common.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
     rank, _ = start()
     job = job_kinds.make(args.kind, rank)
-    model = nn.parallel.DistributedDataParallel(job.model)
+    model = nn.parallel.DistributedDataParallel(job.model, **job.ddp)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     tracer = instrument.attach(model, optimizer)
     losses = Losses()
