@@ -9,10 +9,10 @@
 * ``transformer``: a 4-layer GPT-style model with dropout whose blocks sit in a ``ModuleList``, 64 tokens × 4
   sequences;
 * ``layers``, many small units and buckets: 41 small layers (64 to 1024 wide, 83 modules) with a gradient bucket
-  each (``bucket_cap_mb=0.02``), batch 32: where a cost per unit or per bucket adds up. Steps of 34-38 ms under
-  torchrun, but 88-96 ms in ranks that ``torch.multiprocessing`` spawned (bench_overhead.py), with or without dagtop:
-  its 41 small all-reduces are that much slower there, for a reason not found yet (not OMP_NUM_THREADS, nor the
-  loopback interface).
+  each (``bucket_cap_mb=0.02``), batch 32: where a cost per unit or per bucket adds up. Its steps take 28-39 ms
+  where a rank is pinned to its core after ``init_process_group`` (gloo's threads free to use the other core, as in
+  benchmarks/advice_jobs.py), 84-96 ms where pinned before (gloo's threads on the rank's core too, as in
+  bench_overhead.py): each of its 41 small all-reduces waits for a gloo thread to get the core.
 
 Every batch is a function of the rank, the step and a seed, and the random draws during training (dropout, the
 loader's augmentation) come from generators torch seeds from ``seed``, so two runs of a kind train the same.
