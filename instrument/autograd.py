@@ -76,6 +76,27 @@ def consumes(node: Node, inputs: list[Node]) -> bool:
     return takes_input and not any(node is n for n in inputs)  # an identity: the output is the input
 
 
+def chained(node: Node, input_node: Node) -> bool:
+    """True if no autograd node was made between a unit's input node and ``node``, its output node, but ``node``'s
+    own parameter-side ops (a weight's transpose): where :func:`consumes` holds, the input then has no consumer
+    made before the unit, whose backward would run after the unit's and before the input's gradient is complete
+    (consumers made later run before it: the engine runs the ready node made last first).
+
+    Then the unit's backward ends where the gradient reaches its input, a moment the unit before it stamps anyway
+    (its backward starts there): the posthook on ``node`` is not needed. Read from the nodes' sequence numbers,
+    which the forward hands out one by one; a parameter's leaf node takes none.
+    """
+    first, last = input_node._sequence_nr(), node._sequence_nr()
+    own = 0
+    for child, _ in node.next_functions:
+        if child is None or child is input_node or type(child) is _AccumulateGrad:
+            continue
+        if not first < child._sequence_nr() < last:
+            return False
+        own += 1
+    return last - first - 1 == own
+
+
 def parameter(node: Node) -> bool:
     """A parameter's leaf node, or one op on one (a weight's transpose)."""
     if type(node) is _AccumulateGrad:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from instrument.autograd import compiling, grad_enabled, grad_fns, graph_task_id, needs_grad
+from instrument.autograd import chained, compiling, grad_enabled, grad_fns, graph_task_id, needs_grad
 from instrument.compiled import CompiledCall, warn_if_backward_is_compiled
 from instrument.events import BACKWARD, FORWARD, RawEvent
 from instrument.probe import Moment, Probe, Removable
@@ -26,9 +26,11 @@ class UnitTimer:
     """Times the forward and backward of each unit and appends events to ``events``.
 
     Backward start: a prehook on the autograd node that produced the unit's output (the gradient has
-    arrived). Backward end: where the output's node takes the input directly (a single-op layer), a posthook
-    on that node; otherwise a prehook on the node that produced the unit's input (the gradient of the input
-    is complete, so the unit is done); for a unit whose input needs no gradient (the first one), the last
+    arrived). Backward end: a prehook on the node that produced the unit's input (the gradient of the input
+    is complete, so the unit is done), shared with the unit before, which starts there; but where the output's
+    node takes the input directly (a single-op layer) and something made before the unit also took the input
+    (``main(x) + shortcut(x)``, for the shortcut: :func:`~instrument.autograd.chained`), a posthook on that node,
+    not to count the other branch's backward in the layer's; for a unit whose input needs no gradient (the first one), the last
     accumulation into its parameters' ``.grad``, emitted when the unit's next forward begins (the next
     micro-batch under gradient accumulation) or at the iteration boundary by :meth:`flush`.
     These node hooks cost ~2.4 µs and survive in-place ops, unlike register_full_backward_hook (FIELD_NOTES).
@@ -136,7 +138,8 @@ class UnitTimer:
         """Hook where the unit's backward starts (its outputs' nodes) and ends (see the class docstring)."""
         for node in outputs:
             self._at_gradient_of(node, on_start)
-        if inputs and len(outputs) == 1 and consumes_cached(unit, outputs[0], inputs):
+        if inputs and len(outputs) == 1 and consumes_cached(unit, outputs[0], inputs) and not (
+                len(inputs) == 1 and chained(outputs[0], inputs[0])):
             outputs[0].register_hook(on_own_end)
         else:
             for node in inputs or ():

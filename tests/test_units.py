@@ -414,3 +414,25 @@ def test_attach_warns_once_that_compiled_autograd_leaves_backward_untimed(
     tracer.close()
     compiled.warn_if_backward_is_compiled.cache_clear()
     assert len(caught) == 1 and caught[0].filename == __file__
+
+
+def test_layers_in_a_chain_end_their_backward_where_the_layer_before_begins(collector: Any, endpoint: str) -> None:
+    """Nothing else took a layer's input: its backward ends where the gradient reaches that input, the stamp the
+    layer before starts from (instrument/autograd.py's chained), with no hook of its own; its parameters'
+    accumulation is its own work, not a gap between the two."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
+    collector.joined()
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(64, 8)).square().mean().backward()
+        optimizer.step()
+    tracer.close()
+    batches = _batches(collector)
+    assert len(batches) == 3
+    for batch in batches:
+        bwd = {e.name: e for e in batch.events if e.phase == "backward"}
+        assert bwd["3"].end_ns == bwd["2"].start_ns and bwd["2"].end_ns == bwd["1"].start_ns
+        assert bwd["1"].end_ns == bwd["0"].start_ns
