@@ -250,7 +250,7 @@ class BucketTimer:
     def _host_handover(self, polled: Polled, index: int, name: str, ready: Moment, size: int) -> Handover:
         """On the host clock: the reducer gets the real work; the training thread notices its end (instrument/polled.py).
         A bucket handed over is a moment to look at those before it."""
-        if isinstance(ready, int):  # the host clock's moments are
+        if isinstance(ready, int):  # as the host clock's moments are
             polled.poll(ready)
         open_, sink, lane = self._open, self._probe.sink, self._probe.lane
         category, phase = COLLECTIVE
