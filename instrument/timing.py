@@ -29,10 +29,10 @@ class UnitTimer:
     arrived). Backward end: a prehook on the node that produced the unit's input (the gradient of the input
     is complete, so the unit is done), shared with the unit before, which starts there; but where the output's
     node takes the input directly (a single-op layer) and something made before the unit also took the input
-    (``main(x) + shortcut(x)``, for the shortcut: :func:`~instrument.autograd.chained`), a posthook on that node,
-    not to count the other branch's backward in the layer's; for a unit whose input needs no gradient (the first one), the last
-    accumulation into its parameters' ``.grad``, emitted when the unit's next forward begins (the next
-    micro-batch under gradient accumulation) or at the iteration boundary by :meth:`flush`.
+    (``main(x) + shortcut(x)``, for the shortcut: :func:`~instrument.autograd.chained`), a posthook on that
+    node, not to count the other branch's backward in the layer's; for a unit whose input needs no gradient
+    (the first one), the last accumulation into its parameters' ``.grad``, emitted when the unit's next forward
+    begins (the next micro-batch under gradient accumulation) or at the iteration boundary by :meth:`flush`.
     These node hooks cost ~2.4 µs and survive in-place ops, unlike register_full_backward_hook (FIELD_NOTES).
 
     Activation checkpointing: a checkpoint's recompute is part of its unit's backward. Non-reentrant, the
