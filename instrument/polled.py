@@ -4,8 +4,8 @@ A callback on a gloo work's future runs on the gloo thread that completes it, an
 the training thread runs Python (the shim's hooks at every unit of the backward), the gloo thread waits for it, up
 to the interpreter's switch interval, and the next bucket's all-reduce waits behind it. With a bucket per layer (41
 small layers, ``bucket_cap_mb=0.02``, 2 gloo ranks of a 2-core VM, arms interleaved in one job, paired per block),
-the shim with such a callback ran the job at ×0.66-0.68 of its plain throughput, noticing the end as below at
-×0.87-0.88 (benchmarks/bench_bucket_ends.py, which also holds both against the profiler's all-reduce ends).
+the shim with such a callback ran the job at ×0.57-0.68 of its plain throughput, noticing the end as below at
+×0.82-0.88 (three runs; benchmarks/bench_bucket_ends.py, which also holds both against the profiler's ends).
 
 So on the host clock the reducer is handed the work itself, and the training thread looks at the futures in flight
 at moments it stamps anyway: each bucket handed over and each unit boundary of the backward (the node prehooks of
