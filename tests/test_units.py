@@ -207,6 +207,25 @@ def test_a_block_ending_in_its_residual_sum_ends_its_backward_where_the_block_be
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), Skip(), nn.Linear(32, 200))
     assert _names(block_units(model)) == ["0", "1", "2"]
+    for bwd in _backwards_of_three_steps(model, collector, endpoint):
+        assert bwd["1"].end_ns == bwd["0"].start_ns  # one stamp: the gradient of the block's input is complete
+
+
+def test_layers_in_a_chain_end_their_backward_where_the_layer_before_begins(collector: Any, endpoint: str) -> None:
+    """Nothing else took a layer's input: its backward ends where the gradient reaches that input, the stamp the
+    layer before starts from (instrument/autograd.py's chained), with no hook of its own; its parameters'
+    accumulation is its own work, not a gap between the two."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 4))
+    backwards = _backwards_of_three_steps(model, collector, endpoint)
+    assert len(backwards) == 3
+    for bwd in backwards:
+        assert bwd["3"].end_ns == bwd["2"].start_ns and bwd["2"].end_ns == bwd["1"].start_ns
+        assert bwd["1"].end_ns == bwd["0"].start_ns
+
+
+def _backwards_of_three_steps(model: nn.Module, collector: Any, endpoint: str) -> list[dict[str, Any]]:
+    """Three steps of ``model`` (inputs of 8 features) timed by blocks: each iteration's backward tasks by name."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
     collector.joined()
@@ -215,9 +234,7 @@ def test_a_block_ending_in_its_residual_sum_ends_its_backward_where_the_block_be
         model(torch.randn(64, 8)).square().mean().backward()
         optimizer.step()
     tracer.close()
-    for batch in _batches(collector):
-        bwd = {e.name: e for e in batch.events if e.phase == "backward"}
-        assert bwd["1"].end_ns == bwd["0"].start_ns  # one stamp: the gradient of the block's input is complete
+    return [{e.name: e for e in batch.events if e.phase == "backward"} for batch in _batches(collector)]
 
 
 def test_each_micro_batch_keeps_the_backward_of_the_unit_fed_no_gradient(collector: Any, endpoint: str) -> None:
@@ -414,25 +431,3 @@ def test_attach_warns_once_that_compiled_autograd_leaves_backward_untimed(
     tracer.close()
     compiled.warn_if_backward_is_compiled.cache_clear()
     assert len(caught) == 1 and caught[0].filename == __file__
-
-
-def test_layers_in_a_chain_end_their_backward_where_the_layer_before_begins(collector: Any, endpoint: str) -> None:
-    """Nothing else took a layer's input: its backward ends where the gradient reaches that input, the stamp the
-    layer before starts from (instrument/autograd.py's chained), with no hook of its own; its parameters'
-    accumulation is its own work, not a gap between the two."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 4))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
-    collector.joined()
-    for _ in range(3):
-        optimizer.zero_grad()
-        model(torch.randn(64, 8)).square().mean().backward()
-        optimizer.step()
-    tracer.close()
-    batches = _batches(collector)
-    assert len(batches) == 3
-    for batch in batches:
-        bwd = {e.name: e for e in batch.events if e.phase == "backward"}
-        assert bwd["3"].end_ns == bwd["2"].start_ns and bwd["2"].end_ns == bwd["1"].start_ns
-        assert bwd["1"].end_ns == bwd["0"].start_ns
