@@ -108,6 +108,8 @@ class Publisher:
         self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
         """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
         self._stop = threading.Event()
+        self._flush_until = 0.0
+        """When a closing rank stops waiting for ZeroMQ to pass on what it queued (``close``'s deadline)."""
         self._wake_r, self._wake_w = os.pipe()
         """Any thread that hands something over writes a byte here; the publisher thread polls it with its sockets."""
         os.set_blocking(self._wake_w, False)
@@ -161,6 +163,7 @@ class Publisher:
         """Flush what is queued, say bye, and stop; waits ``timeout_s`` at most for that, then (the thread still
         running) up to :data:`~instrument.teardown.GATE_TIMEOUT_S` for a call into torch under way to end
         (:class:`~instrument.teardown.Gate`)."""
+        self._flush_until = time.monotonic() + timeout_s
         self._stop.set()
         self._woken = False  # whatever another thread was doing, this wake-up must reach the publisher thread
         self._wake()
@@ -179,6 +182,7 @@ class Publisher:
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sock = context.socket(zmq.XPUB)
         events: zmq.Socket[bytes] | None = None
+        said_bye = False
         try:
             run_in_the_background()
             if self._resolver is not None:
@@ -197,13 +201,17 @@ class Publisher:
             events = sock.get_monitor_socket(_REFUSED, addr=f"inproc://dagtop-publisher-events-{id(self)}")
             sock.connect(self.endpoint)
             self._loop(sock, events)
+            said_bye = True
         except BaseException as exc:  # noqa: BLE001 - the thread must never die silently nor raise into training
             self._on_error(exc)
         finally:
             if events is not None:
                 sock.disable_monitor()
                 events.close(linger=0)
-            sock.close(linger=0)
+            # What ZeroMQ still queues (a slow link, behind a send buffer kept small) goes on until close's deadline:
+            # without it a rank closing over a 5 Mbit/s link lost 251 of its last 300 iterations and its bye.
+            flush_s = self._flush_until - time.monotonic() if said_bye else 0.0
+            sock.close(linger=max(0, int(flush_s * 1000)))
             context.term()
             self._woken = True  # hand-overs from now on write nothing
 

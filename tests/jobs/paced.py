@@ -2,7 +2,7 @@
 torchrun ``--max-restarts``, a lossy link, the monitor away). Each process writes its pid (``pid-RESTART-RANK``,
 RESTART torchrun's restart count or 0) and a line per step to ``steps-RESTART-RANK`` (flushed: a rank killed
 mid-run has said every step it finished), in ``JOB_OUT``. Runs ``--steps`` steps of at least ``--step-ms`` each, idles
-``--idle-s`` (its frames still on their way may arrive: a rank that exits drops what it has not sent), then
+``--idle-s`` (its frames still on their way may arrive: a closing rank gives them 2 s, and drops what is left), then
 leaves."""
 
 from __future__ import annotations
