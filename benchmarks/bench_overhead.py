@@ -22,8 +22,9 @@ the rank (every thread: training, gloo's, the shim's) plus, for the loader job, 
 over rounds of each round's mode − plain (seconds apart, so drift cancels), with its interquartile range.
 Per thread (``/proc/self/task/*/schedstat``): where the difference goes.
 
-Per event: a chain of 100 tiny layers where hooks are nearly all the work (minimum over repeats: noise only ever
-adds): torch's bare hook dispatch next to dagtop's per-layer timing, as training-thread µs per event; and the
+Per event: a chain of 100 tiny layers where hooks are nearly all the work, no hooks, torch's bare hooks and dagtop's
+per-layer timing in blocks of 20 steps in turn, paired per round: torch's bare hook dispatch next to dagtop's
+per-layer timing, as training-thread µs per event; and the
 publisher thread's µs to fill the spans and encode one such iteration. Start-up and a long run's flatness:
 benchmarks/bench_shim_life.py.
 """
@@ -211,11 +212,19 @@ def table(kind: str, times: dict[str, list[dict[str, Any]]], steps: int, load: t
               f"{_spread([r['workers'] for r in plain], 1e3, '.2f')} ms per step in plain)")
 
 
-def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tuple[float, float, int, float]:
-    """Training-thread µs per event: torch's bare hook dispatch, and dagtop's per-layer timing (both against no
-    hooks; minimum of repeats); the events per step; the publisher thread's µs to encode one such step."""
+def per_event_cost(layers: int = 100, blocks: int = 30, steps: int = 20,
+                   warmup: int = 3) -> tuple[tuple[float, float, float], tuple[float, float, float], int, float]:
+    """Training-thread µs per event: torch's bare hook dispatch, and dagtop's per-layer timing, both against no hooks;
+    the events per step; the publisher thread's µs to encode one such step.
+
+    The three modes run in turn in one process, a block of ``steps`` each (hooks put on before the block, taken off
+    after it, ``warmup`` steps untimed), their order rotated every round; a block's figure is its median step, and
+    each round's bare and dagtop blocks are paired with its plain one (seconds apart, so the machine's drift
+    cancels). Median over rounds and interquartile range, per event. (Runs of their own, minimum of repeats, as this
+    was measured before, put 25-30 µs on dagtop: on a shared VM a run's quarter-second windows vary up to 2×.)"""
     model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(layers)])
-    batches = [(torch.randn(2, 4), torch.randn(2, 4))] * (steps + 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    a, b = torch.randn(2, 4), torch.randn(2, 4)
 
     def noop_node(*_: Any) -> None:
         return None
@@ -226,15 +235,16 @@ def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tup
     def noop_post(module: nn.Module, args: Any, output: torch.Tensor) -> None:
         output.grad_fn.register_prehook(noop_node)
 
-    def run(mode: str) -> tuple[float, float]:
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    published: list[tuple[Any, ...]] = []
+    counted: list[int] = []
+
+    def block(mode: str) -> float:
         handles = []
         if mode == "bare":
             for layer in model:
                 handles += [layer.register_forward_pre_hook(noop_pre), layer.register_forward_hook(noop_post)]
         tracer: Any = instrument.attach(model, optimizer, endpoint=free_endpoint(), granularity="layer") \
             if mode == "dagtop" else instrument.NullTracer()
-        counted: list[int] = []
         if mode == "dagtop":
             put = tracer._publisher.put_iteration
 
@@ -244,31 +254,33 @@ def per_event_cost(layers: int = 100, steps: int = 100, repeats: int = 7) -> tup
                 put(iteration, events)
 
             tracer._publisher.put_iteration = counting
-        start = 0.0
-        for i, (a, b) in enumerate(tracer.loader(batches)):
-            if i == 10:
-                start = time.perf_counter()
-            a, b = tracer.to_device((a, b), "cpu")
-            loss = nn.functional.mse_loss(model(a), b)
+        times = []
+        last = time.perf_counter()
+        for i, (x, y) in enumerate(tracer.loader([(a, b)] * (warmup + steps))):
+            x, y = tracer.to_device((x, y), "cpu")
+            loss = nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            now = time.perf_counter()
+            if i >= warmup:
+                times.append(now - last)
+            last = now
         tracer.close()
         for handle in handles:
             handle.remove()
-        return (time.perf_counter() - start) / steps, statistics.mean(counted) if counted else 0.0
+        return statistics.median(times)
 
-    published: list[tuple[Any, ...]] = []
-    plain, bare, timed, events = [], [], [], 0.0
-    for _ in range(repeats):
-        plain.append(run("none")[0])
-        bare.append(run("bare")[0])
-        seconds, events = run("dagtop")
-        timed.append(seconds)
+    modes = ["none", "bare", "dagtop"]
+    rounds: list[dict[str, float]] = []
+    for r in range(blocks):
+        order = modes[r % 3:] + modes[:r % 3]
+        rounds.append({mode: block(mode) for mode in order})
+    events = statistics.median(counted)
     # The bare hooks fire once per forward and once per backward of each layer: 2 events' worth per layer.
-    per_bare = (min(bare) - min(plain)) / (2 * layers) * 1e6
-    per_dagtop = (min(timed) - min(plain)) / events * 1e6
-    return per_bare, per_dagtop, int(events), _encoding_cost(published)
+    bare = _quartiles([(x["bare"] - x["none"]) / (2 * layers) * 1e6 for x in rounds])
+    dagtop = _quartiles([(x["dagtop"] - x["none"]) / events * 1e6 for x in rounds])
+    return bare, dagtop, int(events), _encoding_cost(published)
 
 
 def per_bucket_cost(buckets: int = 16, steps: int = 200, repeats: int = 5) -> tuple[float, float]:
@@ -341,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_per_event:
         torch.set_num_threads(1)
         bare, dagtop, events, encode = per_event_cost()
-        print(f"per event, training thread (chain of 100 tiny layers, {events} events/step, 1 thread): "
-              f"torch's bare hook dispatch {bare:.2f} µs, dagtop {dagtop:.2f} µs (hooks included)")
+        print(f"per event, training thread (chain of 100 tiny layers, {events} events/step, 1 thread; median of "
+              f"paired blocks, IQR): torch's bare hook dispatch {bare[1]:.2f} µs ({bare[0]:.2f}..{bare[2]:.2f}), "
+              f"dagtop {dagtop[1]:.2f} µs ({dagtop[0]:.2f}..{dagtop[2]:.2f}) (hooks included)")
         print(f"publisher thread, per iteration of {events} events (spans filled, frame encoded): {encode:.0f} µs")
         main, gloo = per_bucket_cost()
         print(f"per DDP bucket, the all-reduce tap (world size 1, 16 buckets): training thread {main:.1f} µs, "
