@@ -26,6 +26,7 @@ from hosts import Host, two_hosts, why_not_here
 from dagtop.demo.launch import free_port
 from dagtop.io.folded import load
 from dagtop.io.recording import read_recording
+from dagtop.io.sources import PING_EVERY_MS
 from dagtop.model.frames import RawFrame
 from dagtop.model.pipeline import Pipeline
 from instrument import wire
@@ -214,6 +215,75 @@ def test_a_rank_closing_over_a_slow_link_passes_on_what_it_queued(hosts: tuple[H
     # The first ones may go to nobody if the monitor's subscription came later than the rank's hold for it; from
     # then on, every one, through the last.
     assert got and got == list(range(got[0], 300)) and got[0] < 50, (got[:3], len(got), burst.stdout)
+
+
+@pytest.mark.skipif(bool(NO_HOSTS), reason=str(NO_HOSTS))
+def test_a_closing_rank_waits_for_the_monitor_to_have_its_last_frames(hosts: tuple[Host, Host],
+                                                                       tmp_path: Path) -> None:
+    # The way to the monitor loses everything for a while just as the rank closes. Its last frames wait in its
+    # kernel unacknowledged; the monitor's pings still reach it. Had the rank closed its socket then, the first
+    # ping would have reset the connection, and the frames and the bye would be gone.
+    a, b = hosts
+    endpoint, recording, go = f"tcp://{b.address}:{free_port()}", tmp_path / "run.dagtop", tmp_path / "go"
+    recorder = subprocess.Popen(b.command([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o",
+                                           str(recording), "--timeout", str(WAIT_S)]), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    burst = subprocess.Popen(a.command([sys.executable, str(JOBS / "burst.py"), endpoint, "--iterations", "20",
+                                        "--events", "5", "--close-s", str(WAIT_S), "--after", str(go)]),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    cut = ("INPUT", "-i", b.link, "-s", a.address, "-j", "DROP")
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (recording.exists() and any(isinstance(f, wire.Hello) for _, f in _frames(recording))):
+            assert time.monotonic() < deadline and burst.poll() is None, "no hello from the rank"
+            time.sleep(0.1)
+        _iptables(b, "-I", *cut)
+        go.touch()
+        time.sleep(3 * PING_EVERY_MS / 1000)
+        _iptables(b, "-D", *cut)
+        said_burst, _ = burst.communicate(timeout=4 * WAIT_S)
+        said, _ = recorder.communicate(timeout=4 * WAIT_S)
+    finally:
+        for process in (burst, recorder):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    assert burst.returncode == 0 and recorder.returncode == 0, (said_burst, said)  # the bye came
+    got = [f.iteration for _, f in _frames(recording) if isinstance(f, wire.IterationBatch)]
+    assert got == list(range(20)), got
+
+
+@pytest.mark.skipif(bool(NO_SHAPING), reason=str(NO_SHAPING))
+def test_a_relay_stopped_after_the_job_passes_on_what_it_took(hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    # The node's relay is stopped as soon as its ranks are done; the way on to the monitor is slow (5 Mbit/s), so
+    # seconds of frames still wait in the relay's queue and its kernel, the ranks' byes last. Stopped at once, it
+    # lost the last 39 of 300 iterations and the bye.
+    a, b = hosts
+    _tc(a, "qdisc", "add", "dev", a.link, "root", "tbf", "rate", "5mbit", "burst", "32kbit", "latency", "400ms")
+    endpoint, relay_bind = f"tcp://{b.address}:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    recording = tmp_path / "run.dagtop"
+    recorder = subprocess.Popen(b.command([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o",
+                                           str(recording), "--timeout", str(WAIT_S)]), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    relay = subprocess.Popen(a.command([sys.executable, "-m", "dagtop", "relay", "--bind", relay_bind, "--to",
+                                        endpoint, "--every", "0"]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        burst = subprocess.run(a.command([sys.executable, str(JOBS / "burst.py"), relay_bind, "--iterations", "300",
+                                          "--close-s", str(WAIT_S)]), capture_output=True, text=True,
+                               timeout=4 * WAIT_S)
+        relay.send_signal(signal.SIGTERM)
+        relayed, _ = relay.communicate(timeout=WAIT_S)
+        said, _ = recorder.communicate(timeout=4 * WAIT_S)
+    finally:
+        for process in (relay, recorder):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    assert burst.returncode == 0 and relay.returncode == 0, (burst.stdout + burst.stderr, relayed)
+    assert recorder.returncode == 0, (said, relayed)  # the bye came through
+    got = [f.iteration for _, f in _frames(recording) if isinstance(f, wire.IterationBatch)]
+    assert got and got == list(range(got[0], 300)) and got[0] < 50, (got[:3], len(got), relayed)
 
 
 @pytest.mark.parametrize("outage", ["monitor stopped", "port blocked"])

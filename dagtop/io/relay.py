@@ -30,15 +30,20 @@ from dataclasses import dataclass
 from types import FrameType
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from dagtop.exits import Exit
 from dagtop.io.auth import AuthError, MonitorAuth
 from dagtop.io.sources import BindError, listen_to_ranks
 from instrument.keys import curve_keys
-from instrument.sockets import SNDHWM, reconnect_quickly
+from instrument.sockets import CONNECTION_EVENTS, SNDHWM, Link, reconnect_quickly
 
 POLL_MS = 1000
 """The longest the relay sleeps with nothing to do: what bounds how late it sees a stop signal."""
+FLUSH_S = 5.0
+"""Stopped, the relay passes on what it has taken from the ranks for this long at most, until the monitor has
+acknowledged it (:class:`~instrument.sockets.Link`): over a slow way to the monitor, seconds of frames wait in
+ZeroMQ's queue and the kernel's (a job's last iterations and its byes among them)."""
 
 
 @dataclass
@@ -86,6 +91,9 @@ class Relay:
             except zmq.ZMQError as exc:
                 raise BindError(f"cannot bind {bind}: {exc.strerror}") from exc
             reconnect_quickly(self.monitor)  # as the ranks do: back within seconds of an outage of the monitor
+            self._link = Link()
+            self._events = self.monitor.get_monitor_socket(CONNECTION_EVENTS,
+                                                           addr=f"inproc://dagtop-relay-events-{id(self)}")
             self.monitor.connect(to)
         except BaseException:
             self.close()
@@ -94,7 +102,8 @@ class Relay:
         """Where the ranks connect (the port, when ``bind`` asked for any)."""
 
     def run(self, every_s: float = 0.0) -> None:
-        """Forward until :meth:`stop`; print :class:`Counts` every ``every_s`` seconds (0: only at the end)."""
+        """Forward until :meth:`stop`, then what has come in meanwhile; print :class:`Counts` every ``every_s``
+        seconds (0: only at the end)."""
         poller = zmq.Poller()
         poller.register(self.ranks, zmq.POLLIN)
         poller.register(self.monitor, zmq.POLLIN)
@@ -108,13 +117,21 @@ class Relay:
             if every_s and time.monotonic() - last_said >= every_s:
                 print(self.counts.line(), file=sys.stderr, flush=True)
                 last_said = time.monotonic()
+        self._frames()
 
     def stop(self) -> None:
         self._stopping = True
 
-    def close(self) -> None:
+    def close(self, flush_s: float = 0.0) -> None:
+        """Close both sockets, first letting what the relay took reach the monitor for ``flush_s`` at most."""
         self.ranks.close(linger=0)
-        self.monitor.close(linger=0)
+        until = time.monotonic() + flush_s
+        events = getattr(self, "_events", None)
+        if events is not None:
+            self._link.settle(lambda: self._read_events(events), until)
+            self.monitor.disable_monitor()
+            events.close(linger=0)
+        self.monitor.close(linger=max(0, int((until - time.monotonic()) * 1000)))
         if self._auth is not None:
             self._auth.close()
         self._context.term()
@@ -131,6 +148,13 @@ class Relay:
                 self.counts.forwarded += 1
             except zmq.Again:
                 self.counts.dropped += 1
+
+    def _read_events(self, events: zmq.Socket[bytes]) -> None:
+        while True:
+            try:
+                self._link.seen(recv_monitor_message(events, zmq.NOBLOCK))
+            except zmq.Again:
+                return
 
     def _subscriptions(self) -> None:
         """Pass up what the monitor subscribed to (every time: a restarted monitor makes the ranks say hello)."""
@@ -167,5 +191,5 @@ def run_relay(args: argparse.Namespace) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         print(relay.counts.line(), file=sys.stderr, flush=True)
-        relay.close()
+        relay.close(FLUSH_S)
     return Exit.OK
