@@ -75,6 +75,9 @@ class Relay:
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.ranks = self._context.socket(zmq.XSUB)
         self.monitor = self._context.socket(zmq.XPUB)
+        self._link = Link()
+        """The connection to the monitor, for a stopped relay to wait on."""
+        self._events: zmq.Socket[bytes] | None = None
         try:
             listen_to_ranks(self.ranks)
             self.monitor.setsockopt(zmq.LINGER, 0)
@@ -91,7 +94,6 @@ class Relay:
             except zmq.ZMQError as exc:
                 raise BindError(f"cannot bind {bind}: {exc.strerror}") from exc
             reconnect_quickly(self.monitor)  # as the ranks do: back within seconds of an outage of the monitor
-            self._link = Link()
             self._events = self.monitor.get_monitor_socket(CONNECTION_EVENTS,
                                                            addr=f"inproc://dagtop-relay-events-{id(self)}")
             self.monitor.connect(to)
@@ -126,7 +128,7 @@ class Relay:
         """Close both sockets, first letting what the relay took reach the monitor for ``flush_s`` at most."""
         self.ranks.close(linger=0)
         until = time.monotonic() + flush_s
-        events = getattr(self, "_events", None)
+        events = self._events
         if events is not None:
             self._link.settle(lambda: self._read_events(events), until)
             self.monitor.disable_monitor()
