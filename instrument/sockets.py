@@ -52,7 +52,7 @@ class Link:
     ZeroMQ's linger only waits for its own queue to reach the kernel. Closing the socket then leaves the kernel to
     send the rest, but the monitor's end pings every connection (dagtop.io.sources ``PING_EVERY_MS``), and data that
     arrives on a socket its process has closed makes the kernel reset the connection and drop what it still held
-    (``TcpExtTCPAbortOnData``): over a slow link, a relay stopped after its job lost the last 70 of 300 iterations
+    (``TcpExtTCPAbortOnData``): over a 5 Mbit/s link, a relay stopped after its job lost the last 39 of 300 iterations
     and the ranks' byes that way."""
 
     def __init__(self) -> None:

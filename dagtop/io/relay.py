@@ -152,6 +152,7 @@ class Relay:
                 self.counts.dropped += 1
 
     def _read_events(self, events: zmq.Socket[bytes]) -> None:
+        """Bring :attr:`_link` up to date with the connection's events so far."""
         while True:
             try:
                 self._link.seen(recv_monitor_message(events, zmq.NOBLOCK))
