@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
@@ -125,8 +126,39 @@ def _iptables(host: Host, *rule: str) -> None:
     subprocess.run(["ip", "netns", "exec", host.netns, "iptables", *rule], check=True, capture_output=True)
 
 
-def _tc(host: Host, *args: str) -> None:
-    subprocess.run(["ip", "netns", "exec", host.netns, "tc", *args], check=True, capture_output=True)
+def _slow(host: Host) -> None:
+    """``host``'s way out shaped to 5 Mbit/s."""
+    subprocess.run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "add", "dev", host.link, "root", "tbf", "rate",
+                    "5mbit", "burst", "32kbit", "latency", "400ms"], check=True, capture_output=True)
+
+
+@contextmanager
+def _started() -> Iterator[Callable[[list[str]], subprocess.Popen[bytes]]]:
+    """A function that starts a process (its output kept, a session of its own); those still running at the end
+    are killed, by group."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str]) -> subprocess.Popen[bytes]:
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+        return procs[-1]
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _record(endpoint: str, recording: Path) -> list[str]:
+    return [sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o", str(recording), "--timeout",
+            str(WAIT_S)]
+
+
+def _iterations(recording: Path) -> list[int]:
+    return [f.iteration for _, f in _frames(recording) if isinstance(f, wire.IterationBatch)]
 
 
 @pytest.fixture
@@ -196,22 +228,16 @@ def test_a_rank_closing_over_a_slow_link_passes_on_what_it_queued(hosts: tuple[H
     # 300 iterations handed over at once through a 5 Mbit/s link: seconds of frames still in ZeroMQ's queue when the
     # rank closes. Dropped with the socket, they were 251 of the 300 and the bye.
     a, b = hosts
-    _tc(a, "qdisc", "add", "dev", a.link, "root", "tbf", "rate", "5mbit", "burst", "32kbit", "latency", "400ms")
+    _slow(a)
     endpoint, recording = f"tcp://{b.address}:{free_port()}", tmp_path / "run.dagtop"
-    recorder = subprocess.Popen(b.command([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o",
-                                           str(recording), "--timeout", str(WAIT_S)]), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with _started() as start:
+        recorder = start(b.command(_record(endpoint, recording)))
         burst = subprocess.run(a.command([sys.executable, str(JOBS / "burst.py"), endpoint, "--iterations", "300",
                                           "--close-s", str(WAIT_S)]), capture_output=True, text=True,
                                timeout=4 * WAIT_S)
         said, _ = recorder.communicate(timeout=4 * WAIT_S)
-    finally:
-        if recorder.poll() is None:
-            os.killpg(recorder.pid, signal.SIGKILL)
-            recorder.wait()
     assert burst.returncode == 0 and recorder.returncode == 0, (burst.stdout + burst.stderr, said)  # it said bye
-    got = [f.iteration for _, f in _frames(recording) if isinstance(f, wire.IterationBatch)]
+    got = _iterations(recording)
     # The first ones may go to nobody if the monitor's subscription came later than the rank's hold for it; from
     # then on, every one, through the last.
     assert got and got == list(range(got[0], 300)) and got[0] < 50, (got[:3], len(got), burst.stdout)
@@ -225,14 +251,11 @@ def test_a_closing_rank_waits_for_the_monitor_to_have_its_last_frames(hosts: tup
     # ping would have reset the connection, and the frames and the bye would be gone.
     a, b = hosts
     endpoint, recording, go = f"tcp://{b.address}:{free_port()}", tmp_path / "run.dagtop", tmp_path / "go"
-    recorder = subprocess.Popen(b.command([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o",
-                                           str(recording), "--timeout", str(WAIT_S)]), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    burst = subprocess.Popen(a.command([sys.executable, str(JOBS / "burst.py"), endpoint, "--iterations", "20",
-                                        "--events", "5", "--close-s", str(WAIT_S), "--after", str(go)]),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     cut = ("INPUT", "-i", b.link, "-s", a.address, "-j", "DROP")
-    try:
+    with _started() as start:
+        recorder = start(b.command(_record(endpoint, recording)))
+        burst = start(a.command([sys.executable, str(JOBS / "burst.py"), endpoint, "--iterations", "20", "--events",
+                                 "5", "--close-s", str(WAIT_S), "--after", str(go)]))
         deadline = time.monotonic() + WAIT_S
         while not (recording.exists() and any(isinstance(f, wire.Hello) for _, f in _frames(recording))):
             assert time.monotonic() < deadline and burst.poll() is None, "no hello from the rank"
@@ -243,14 +266,8 @@ def test_a_closing_rank_waits_for_the_monitor_to_have_its_last_frames(hosts: tup
         _iptables(b, "-D", *cut)
         said_burst, _ = burst.communicate(timeout=4 * WAIT_S)
         said, _ = recorder.communicate(timeout=4 * WAIT_S)
-    finally:
-        for process in (burst, recorder):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
     assert burst.returncode == 0 and recorder.returncode == 0, (said_burst, said)  # the bye came
-    got = [f.iteration for _, f in _frames(recording) if isinstance(f, wire.IterationBatch)]
-    assert got == list(range(20)), got
+    assert _iterations(recording) == list(range(20)), _iterations(recording)
 
 
 @pytest.mark.skipif(bool(NO_SHAPING), reason=str(NO_SHAPING))
@@ -259,30 +276,22 @@ def test_a_relay_stopped_after_the_job_passes_on_what_it_took(hosts: tuple[Host,
     # seconds of frames still wait in the relay's queue and its kernel, the ranks' byes last. Stopped at once, it
     # lost the last 39 of 300 iterations and the bye.
     a, b = hosts
-    _tc(a, "qdisc", "add", "dev", a.link, "root", "tbf", "rate", "5mbit", "burst", "32kbit", "latency", "400ms")
+    _slow(a)
     endpoint, relay_bind = f"tcp://{b.address}:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     recording = tmp_path / "run.dagtop"
-    recorder = subprocess.Popen(b.command([sys.executable, "-m", "dagtop", "record", "--bind", endpoint, "-o",
-                                           str(recording), "--timeout", str(WAIT_S)]), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    relay = subprocess.Popen(a.command([sys.executable, "-m", "dagtop", "relay", "--bind", relay_bind, "--to",
-                                        endpoint, "--every", "0"]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-    try:
+    with _started() as start:
+        recorder = start(b.command(_record(endpoint, recording)))
+        relay = start(a.command([sys.executable, "-m", "dagtop", "relay", "--bind", relay_bind, "--to", endpoint,
+                                 "--every", "0"]))
         burst = subprocess.run(a.command([sys.executable, str(JOBS / "burst.py"), relay_bind, "--iterations", "300",
                                           "--close-s", str(WAIT_S)]), capture_output=True, text=True,
                                timeout=4 * WAIT_S)
         relay.send_signal(signal.SIGTERM)
         relayed, _ = relay.communicate(timeout=WAIT_S)
         said, _ = recorder.communicate(timeout=4 * WAIT_S)
-    finally:
-        for process in (relay, recorder):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
     assert burst.returncode == 0 and relay.returncode == 0, (burst.stdout + burst.stderr, relayed)
     assert recorder.returncode == 0, (said, relayed)  # the bye came through
-    got = [f.iteration for _, f in _frames(recording) if isinstance(f, wire.IterationBatch)]
+    got = _iterations(recording)
     assert got and got == list(range(got[0], 300)) and got[0] < 50, (got[:3], len(got), relayed)
 
 
