@@ -52,9 +52,11 @@ DOUBT: Mapping[Kind, str] = {
     Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
     Kind.ACCUMULATION: "within the target in 4 of 7 re-runs on a 2-core CPU machine at load 1.7-2.7 (2026-11-27, the "
                        "shim no longer slowing the buckets it times), 9 of 11 before: under-predicted by 13-16 % on "
-                       "jobs of 41 small layers or many tiny buckets, where dagtop's own cost per layer (a job with it "
-                       "attached ran ×0.91-0.92 as fast) is counted again in each micro-batch of the replay; 2 points "
-                       "short on a transformer (×1.07, ×1.09)",
+                       "jobs of 41 small layers or many tiny buckets, mostly because the replay keeps in each "
+                       "micro-batch DDP's copies of the gradients into its buckets, which no_sync skips and dagtop does "
+                       "not time (2.3-2.6 ms of a 19-24 ms step there; dagtop's own cost lowers the gain only from "
+                       "×1.83 to ×1.71, benchmarks/accumulation_parts.py); 2 points short on a transformer (×1.07, "
+                       "×1.09)",
     Kind.BUCKETS: "re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error 4.3 %), "
                   "over by 11-12 % on MG-WFBP's grouping of tiny buckets and by 18 % for one bucket per layer (an "
                   "all-reduce's start-up cost varies with the load); DDP's default over one bucket per layer ×1.35 "
