@@ -51,14 +51,17 @@ of a job, or of a rank torchrun has just restarted, are the ones that would go. 
 refuses the connection), nothing is held longer, and a closing rank waits for it no longer either."""
 JOIN_CONNECTING_S: Final = 8.0
 """While the connection to the monitor is on its way rather than refused (an attempt lost on a lossy link is given
-up after ``sockets.CONNECT_TIMEOUT_MS`` and made again; a handshake whose messages TCP has to send again), the hold
-lasts until the subscription, JOIN_GRACE_S after ZeroMQ's handshake, and this long after start at most; never past
-half the queue, so that it never makes the training thread drop an iteration. Over a link losing a fifth of its
-packets, one rank of a 2-rank job lost its first 42-105 iterations in 4 of 4 runs with the hold of JOIN_GRACE_S
-alone."""
+up after ``sockets.CONNECT_TIMEOUT_MS`` and tried again), the hold lasts until its subscription, JOIN_GRACE_S
+after the connection is made, and this long after start at most; never past half the queue, so the hold never
+makes the training thread drop an iteration. Over a link losing a fifth of its packets, a rank of a 2-rank job
+lost its first 42-105 iterations this way in 4 of 4 runs with the hold of JOIN_GRACE_S alone."""
 
 HEARTBEAT_EVERY_S: Final = 1.0
 """How often a rank says where it is (``heartbeat``): the monitor calls a rank silent after a few missed ones."""
+
+_REFUSED: Final = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+"""Socket events that say the monitor refused this rank's handshake."""
 
 
 def _close_all(*fds: int) -> None:
@@ -203,7 +206,7 @@ class Publisher:
                 sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve_keys(auth)
             # Handshake failures are the only way a rank learns that the monitor refuses it (one warning); the
             # connection's own events say which TCP connection a closing rank waits on.
-            monitor = events = sock.get_monitor_socket(sockets.CONNECTION_EVENTS | sockets.ATTEMPT_EVENTS,
+            monitor = events = sock.get_monitor_socket(_REFUSED | sockets.CONNECTION_EVENTS | sockets.ATTEMPT_EVENTS,
                                                        addr=f"inproc://dagtop-publisher-events-{id(self)}")
             sock.connect(self.endpoint)
             self._loop(sock, events)
@@ -256,7 +259,7 @@ class Publisher:
             except zmq.Again:
                 return
             self._link.seen(event)
-            if not int(event["event"]) & sockets.HANDSHAKE_FAILED:
+            if not int(event["event"]) & _REFUSED:
                 continue
             if not self.refused:
                 if not self._auth:
@@ -334,10 +337,10 @@ class Publisher:
         """Until when iterations wait for a monitor to subscribe (:data:`JOIN_GRACE_S`, :data:`JOIN_CONNECTING_S`);
         a closing rank waits no longer than its close allows."""
         link, until = self._link, started + JOIN_GRACE_S
-        if link.connecting():
+        if link.connected_at is not None:
+            until = max(until, min(link.connected_at + JOIN_GRACE_S, started + JOIN_CONNECTING_S))
+        elif link.connecting():
             until = started + JOIN_CONNECTING_S
-        elif link.ready_at is not None:  # the subscription is the monitor's first message after the handshake
-            until = max(until, min(link.ready_at + JOIN_GRACE_S, started + JOIN_CONNECTING_S))
         return min(until, self._flush_until) if stopping else until
 
     def _subscribed(self, sock: zmq.Socket[bytes]) -> bool:
