@@ -40,9 +40,7 @@ def reconnect_quickly(sock: zmq.Socket[bytes]) -> None:
 
 
 CONNECTION_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-"""The socket-monitor events :class:`Link` follows for the connection it holds."""
-ATTEMPT_EVENTS: Final = zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
-"""...and for the attempts to make one (:meth:`Link.connecting`)."""
+"""The socket-monitor events :class:`Link` follows."""
 SETTLE_POLL_S: Final = 0.01
 
 
@@ -59,32 +57,14 @@ class Link:
 
     def __init__(self) -> None:
         self.fd: int | None = None
-        self.connected_at: float | None = None
-        """When (``time.monotonic()``) the latest TCP connection was made; None before the first."""
-        self._attempt_at: float | None = None
-        """When the connection attempt under way began (None: none is)."""
-        self._unanswered = False
-        """The latest attempt was given up unanswered (``CONNECT_TIMEOUT_MS``), not refused."""
 
     def seen(self, event: Mapping[str, Any]) -> None:
         """Follow one socket-monitor event (others are ignored)."""
-        kind, value, now = int(event["event"]), int(event["value"]), time.monotonic()
+        kind, value = int(event["event"]), int(event["value"])
         if kind == zmq.EVENT_CONNECTED:
-            self.fd, self.connected_at, self._attempt_at, self._unanswered = value, now, None, False
+            self.fd = value
         elif kind & (zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED) and value == self.fd:
             self.fd = None
-        elif kind == zmq.EVENT_CONNECT_DELAYED:
-            self._attempt_at = now
-        elif kind == zmq.EVENT_CONNECT_RETRIED:
-            # A port nobody listens on answers at once (refused); an attempt given up after CONNECT_TIMEOUT_MS had
-            # no answer: its SYN or the reply was lost, and the next one may well get through.
-            began, self._attempt_at = self._attempt_at, None
-            self._unanswered = began is not None and now - began >= CONNECT_TIMEOUT_MS / 2000
-
-    def connecting(self) -> bool:
-        """Whether a connection is on its way: an attempt under way, or the last one lost on the way rather than
-        refused (follows :data:`ATTEMPT_EVENTS`)."""
-        return self.fd is None and (self._attempt_at is not None or self._unanswered)
 
     def unacknowledged(self) -> int | None:
         """Bytes the kernel holds for the connection that the monitor has not acknowledged (Linux's ``SIOCOUTQ``);
