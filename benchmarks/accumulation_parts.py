@@ -39,7 +39,6 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import advice_jobs
 
-SMALL_LAYERS = ",".join(["64", "1024", "64", "512", "128", "256"] * 7)
 WAYS = (  # name, arm, micro-batches per update, every step under no_sync
     ("base", "base", 1, False), ("accumulate 4", "accumulate=4", 4, False), ("no_sync", "nosync", 1, True),
     ("no-op hook", "hook=noop", 1, False), ("dagtop", "dagtop", 1, False), ("dagtop, accumulate 4", "dagtop", 4, False),
@@ -54,8 +53,8 @@ def main() -> None:
     parser.add_argument("--cap", type=float, default=None, help="bucket_cap_mb (default: DDP's)")
     parser.add_argument("--out", default="", help="rank 0 also writes the step times here (JSON)")
     extra = parser.parse_args()
-    args = argparse.Namespace(job="mlp", width=1024, depth=8, widths=SMALL_LAYERS, batch=32, seq=64, vocab=4096,
-                              io_ms=1.0, workers=0, bucket_cap=extra.cap, granularity="block")
+    args = argparse.Namespace(job="mlp", width=1024, depth=8, widths=advice_jobs.SMALL_LAYERS, batch=32, seq=64,
+                              vocab=4096, io_ms=1.0, workers=0, bucket_cap=extra.cap, granularity="block")
     advice_jobs.shield()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -43,6 +43,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 HOG = "import os\nos.nice(0)\nwhile True:\n    pass\n"
+SMALL_LAYERS = ",".join(["64", "1024", "64", "512", "128", "256"] * 7)
+"""``--widths`` of 41 small layers of three sizes (64 to 256 KiB of weights): with one bucket per layer, the
+all-reduces' start-up cost holds the step."""
 
 
 class Stored(Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -38,8 +38,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import advice_jobs
 
-SMALL_LAYERS = ",".join(["64", "1024", "64", "512", "128", "256"] * 7)
-
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(values, n=4)
@@ -103,7 +101,7 @@ def lateness(timed: advice_jobs.Arm, tracer: Any, way: str, steps: int, rank: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--widths", default=SMALL_LAYERS)
+    parser.add_argument("--widths", default=advice_jobs.SMALL_LAYERS)
     parser.add_argument("--cap", type=float, default=0.02, help="bucket_cap_mb")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--block", type=int, default=4)

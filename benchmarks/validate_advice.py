@@ -61,6 +61,7 @@ class JobKind:
     both ranks here, over the loopback."""
 
 
+# advice_jobs.SMALL_LAYERS, written again: importing advice_jobs would load torch into this orchestrator.
 SMALL_LAYERS = ",".join(["64", "1024", "64", "512", "128", "256"] * 7)
 """41 small layers of three sizes (64 to 256 KiB of weights): with one bucket per layer, the all-reduces' start-up
 cost holds the step, so that bucket sizes truly matter."""
