@@ -13,6 +13,7 @@ from dagtop.commands.record import record
 from dagtop.io.recording import RecordingWriter
 from dagtop.model.admission import Admission
 from dagtop.model.frames import RawFrame
+from dagtop.model import verdict
 from dagtop.model.liveness import Liveness
 from dagtop.model.pipeline import Pipeline
 from instrument import wire
@@ -262,6 +263,38 @@ def test_late_frames_complete_their_iterations_and_only_missing_ones_count() -> 
     assert snap.incomplete == 1 and snap.rejected == 0
     assert snap.losses.transit == 1 and snap.losses.iterations == 1 and snap.dropped == 1
     assert [a.complete for a in p.analyses()] == [True] * 120
+
+
+def test_a_backlog_of_late_frames_folds_the_verdict_again_for_their_iterations_and_the_newest_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 is cut off for 15 s and its 300 queued frames come at once (a blocked port, then TCP): each completes
+    its iteration, and costs two verdicts (its own and the newest's), not one for every iteration after it."""
+    advanced = 0
+    advance = verdict.advance
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal advanced
+        advanced += 1
+        return advance(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verdict, "advance", counted)
+    ranks = [Rank(0), Rank(1)]
+    frames, backlog = _raw([r.hello() for r in ranks]), []
+    for i in range(600):
+        t = S + i * 50 * MS
+        frames.append(RawFrame(t, ranks[0].step()))
+        if 100 <= i < 400:
+            backlog.append(ranks[1].step())
+        else:
+            frames += _raw(backlog, t) + [RawFrame(t, ranks[1].step())]
+            backlog = []
+    p = Pipeline(window=None)
+    for i in range(0, len(frames), 20):
+        p.feed(frames[i:i + 20])
+    p.finish()
+    analyses = p.analyses()
+    assert [a.complete for a in analyses] == [True] * 600 and p.snapshot().incomplete == 0
+    assert advanced <= 600 + 2 * 300, advanced  # re-folding all that follows each: 20,884
 
 
 def test_losses_are_counted_by_reason_from_sequence_numbers_and_the_ranks_counters() -> None:

@@ -37,6 +37,10 @@ received), so that a frame arriving late still completes its iteration: memory, 
 a frame may be (on a link that drops packets, TCP delivers some many seconds late). Past it, the oldest go."""
 
 
+def _iteration(a: IterationAnalysis) -> int:
+    return a.iteration
+
+
 def missing(admission: Admission, iteration: int, have: Iterable[int]) -> set[int]:
     """The ranks whose frame of ``iteration`` is still awaited: every rank below the world size of the run the
     iteration belongs to that had not said bye before it (a bye counts the iterations the rank ran), less the
@@ -99,6 +103,8 @@ class Completion:
         self._partial_bytes: dict[int, int] = {}
         self._partial_total = 0
         self._tasks_kept = 0
+        self._bare = 0
+        """The analyses before this index have given up their tasks (or had none)."""
         self._comm = CommFit()
         self._interference = InterferenceFit()
         self._hellos: tuple[wire.Hello | None, ...] = ()
@@ -192,10 +198,12 @@ class Completion:
         analysis = self._analyse(it, events, complete)
         if analysis is None:
             return
-        i = next((i for i, a in enumerate(self.analyses) if a.iteration == it), None)
-        if i is not None:
-            self._tasks_kept -= len(self.analyses[i].tasks)
-            del self.analyses[i]
+        i = bisect.bisect_left(analyses, it, key=_iteration)
+        if i < len(analyses) and analyses[i].iteration == it:
+            self._tasks_kept -= len(analyses[i].tasks)
+            del analyses[i]
+            if i < self._bare:
+                self._bare -= 1
         if complete:
             self.incomplete -= 1
             self._let_go(it)
@@ -244,7 +252,7 @@ class Completion:
         if analyses and analyses[-1].iteration < it:  # the usual case: the newest iteration
             at = len(analyses)
         else:
-            at = bisect.bisect_left(analyses, it, key=lambda a: a.iteration)
+            at = bisect.bisect_left(analyses, it, key=_iteration)
         steady = analyses[at - 1].steady if at > 0 else None
         if steady is None or steady.straggler is None:
             return None
@@ -257,20 +265,29 @@ class Completion:
             self._let_go(old)
 
     def _insert(self, analysis: IterationAnalysis) -> None:
-        keys = [a.iteration for a in self.analyses]
-        at = bisect.bisect(keys, analysis.iteration)
-        self.analyses.insert(at, analysis)
+        analyses = self.analyses
+        at = bisect.bisect(analyses, analysis.iteration, key=_iteration)
+        if at < self._bare and analysis.tasks:
+            analysis = dataclasses.replace(analysis, tasks=NO_TASKS)  # among those that gave theirs up: older go first
+        analyses.insert(at, analysis)
         self._tasks_kept += len(analysis.tasks)
-        # The steady verdict of this iteration and of any after it (a late re-analysis) follows from the one before.
-        self.analyses[at:] = verdict.fold(self.analyses, at)
+        if at < self._bare:
+            self._bare += 1
+        # Its steady verdict follows from the one before it, and the newest's again where it came before the newest
+        # (a late re-analysis): the newest now counts it. Those in between keep theirs (:mod:`dagtop.model.verdict`).
+        analyses[at:at + 1] = verdict.fold(analyses, at, at + 1)
+        if at < len(analyses) - 1:
+            analyses[-1:] = verdict.fold(analyses, len(analyses) - 1)
         if self.window is not None:
-            while len(self.analyses) > self.window:
-                old = self.analyses.pop(0)
+            while len(analyses) > self.window:
+                old = analyses.pop(0)
                 self._tasks_kept -= len(old.tasks)
-        i = 0
-        while self._tasks_kept > self.task_budget and i < len(self.analyses) - 1:
-            a = self.analyses[i]
+                self._bare = max(0, self._bare - 1)
+        i = self._bare
+        while self._tasks_kept > self.task_budget and i < len(analyses) - 1:
+            a = analyses[i]
             if a.tasks:
                 self._tasks_kept -= len(a.tasks)
-                self.analyses[i] = dataclasses.replace(a, tasks=NO_TASKS)
+                analyses[i] = dataclasses.replace(a, tasks=NO_TASKS)
             i += 1
+        self._bare = max(self._bare, i)

@@ -17,7 +17,10 @@ symmetric ranks take turns being last to a collective. The steady verdict looks 
   marked on the same iterations' per-rank rows, so the ranks table, the rank picker and the headline say the same.
 
 The pipeline folds it forward as iterations are analysed (:func:`fold`) and stores it on each analysis, so a
-paused or browsed screen shows the verdict as it stood at that iteration, and a replay the same as live.
+paused or browsed screen shows the verdict as it stood at that iteration, and a replay the same as live. An iteration
+analysed again when its late frame comes gets its verdict again, and so does the newest (which now counts it); those
+in between keep the verdict they had when they were analysed: a rank's backlog of a thousand late frames must not
+cost a thousand re-folds of everything after each.
 """
 
 from __future__ import annotations
@@ -50,8 +53,8 @@ def counts(a: IterationAnalysis) -> bool:
     return a.complete and a.measured_ms > 0 and not a.in_warm_up and not a.stalled
 
 
-def fold(analyses: Sequence[IterationAnalysis], start: int) -> list[IterationAnalysis]:
-    """``analyses[start:]`` (oldest first) with their steady verdicts, each from the one before it."""
+def fold(analyses: Sequence[IterationAnalysis], start: int, end: int | None = None) -> list[IterationAnalysis]:
+    """``analyses[start:end]`` (oldest first) with their steady verdicts, each from the one before it."""
     out = []
     previous = analyses[start - 1].steady if start > 0 else None
     counted: deque[IterationAnalysis] = deque(maxlen=HISTORY)
@@ -60,7 +63,7 @@ def fold(analyses: Sequence[IterationAnalysis], start: int) -> list[IterationAna
             break
         if counts(a):
             counted.appendleft(a)
-    for a in analyses[start:]:
+    for a in analyses[start:end]:
         if counts(a):
             counted.append(a)
         history = list(counted)
