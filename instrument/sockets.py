@@ -40,7 +40,13 @@ def reconnect_quickly(sock: zmq.Socket[bytes]) -> None:
 
 
 CONNECTION_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-"""The socket-monitor events :class:`Link` follows."""
+"""The socket-monitor events :class:`Link` follows for the connection it holds."""
+HANDSHAKE_FAILED: Final = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+"""Socket events that say the other end refused ZeroMQ's handshake (CURVE keys it does not take)."""
+ATTEMPT_EVENTS: Final = (zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                         | HANDSHAKE_FAILED)
+"""...and for the attempts to make one, up to the end of ZeroMQ's handshake over it (:meth:`Link.connecting`)."""
 SETTLE_POLL_S: Final = 0.01
 
 
@@ -57,14 +63,42 @@ class Link:
 
     def __init__(self) -> None:
         self.fd: int | None = None
+        self.ready_at: float | None = None
+        """When (``time.monotonic()``) ZeroMQ's handshake over the latest connection ended; None before the
+        first."""
+        self._attempt_at: float | None = None
+        """When the connection attempt under way began (None: none is)."""
+        self._unanswered = False
+        """The latest attempt was given up unanswered (``CONNECT_TIMEOUT_MS``), not refused."""
+        self._handshaken = False
+        """ZeroMQ's handshake over the connection held ended."""
 
     def seen(self, event: Mapping[str, Any]) -> None:
         """Follow one socket-monitor event (others are ignored)."""
-        kind, value = int(event["event"]), int(event["value"])
+        kind, value, now = int(event["event"]), int(event["value"]), time.monotonic()
         if kind == zmq.EVENT_CONNECTED:
-            self.fd = value
+            self.fd, self._attempt_at, self._unanswered, self._handshaken = value, None, False, False
+        elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.ready_at, self._handshaken = now, True
+        elif kind & HANDSHAKE_FAILED:
+            self._handshaken = True  # over, and refused: nothing on its way
         elif kind & (zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED) and value == self.fd:
             self.fd = None
+        elif kind == zmq.EVENT_CONNECT_DELAYED:
+            self._attempt_at = now
+        elif kind == zmq.EVENT_CONNECT_RETRIED:
+            # A port nobody listens on answers at once (refused); an attempt given up after CONNECT_TIMEOUT_MS had
+            # no answer: its SYN or the reply was lost, and the next one may well get through.
+            began, self._attempt_at = self._attempt_at, None
+            self._unanswered = began is not None and now - began >= CONNECT_TIMEOUT_MS / 2000
+
+    def connecting(self) -> bool:
+        """Whether a connection is on its way (follows :data:`ATTEMPT_EVENTS`): an attempt under way, or the last
+        one lost on the way rather than refused, or a connection made whose handshake has not ended (over a lossy
+        link its messages wait for TCP to send them again)."""
+        if self.fd is not None:
+            return not self._handshaken
+        return self._attempt_at is not None or self._unanswered
 
     def unacknowledged(self) -> int | None:
         """Bytes the kernel holds for the connection that the monitor has not acknowledged (Linux's ``SIOCOUTQ``);

@@ -14,7 +14,7 @@ from helpers.waits import WAIT_S
 from zmq.utils.monitor import recv_monitor_message
 
 from dagtop.demo.launch import free_endpoint
-from instrument.sockets import CONNECTION_EVENTS, Link
+from instrument.sockets import ATTEMPT_EVENTS, CONNECT_TIMEOUT_MS, CONNECTION_EVENTS, Link
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIOCOUTQ is Linux's")
 
@@ -79,3 +79,42 @@ def test_what_a_reader_that_does_not_read_leaves_unacknowledged_is_counted_and_w
     finally:
         for s in (sender, reader, listener):
             s.close()
+
+
+def test_a_refused_attempt_is_no_connection_on_its_way_and_an_unanswered_one_is() -> None:
+    # A rank holds its first iterations while the connection is on its way (instrument/publisher.py): not for a port
+    # nobody listens on, which is a monitor that is not there.
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    rank = context.socket(zmq.XPUB)
+    events = rank.get_monitor_socket(ATTEMPT_EVENTS | CONNECTION_EVENTS)
+    link, retried = Link(), 0
+    try:
+        rank.connect(free_endpoint())
+        deadline = time.monotonic() + WAIT_S
+        while retried < 2:
+            assert time.monotonic() < deadline, "no attempt refused"
+            if events.poll(50):
+                event = recv_monitor_message(events)
+                link.seen(event)
+                if event["event"] == zmq.EVENT_CONNECT_RETRIED:
+                    retried += 1
+                    assert not link.connecting(), event
+    finally:
+        rank.disable_monitor()
+        events.close(linger=0)
+        rank.close(linger=0)
+        context.term()
+    unanswered = Link()
+    unanswered.seen({"event": zmq.EVENT_CONNECT_DELAYED, "value": 115})  # EINPROGRESS: a SYN is out
+    assert unanswered.connecting()
+    time.sleep(CONNECT_TIMEOUT_MS / 1000)  # ZeroMQ gives it up unanswered, and will try again
+    unanswered.seen({"event": zmq.EVENT_CONNECT_RETRIED, "value": 250})
+    assert unanswered.connecting()
+    unanswered.seen({"event": zmq.EVENT_CONNECTED, "value": 7})
+    assert unanswered.connecting()  # ZeroMQ's handshake is still to come, and the subscription after it
+    unanswered.seen({"event": zmq.EVENT_HANDSHAKE_SUCCEEDED, "value": 0})
+    assert not unanswered.connecting() and unanswered.ready_at is not None
+    refused = Link()
+    refused.seen({"event": zmq.EVENT_CONNECTED, "value": 7})
+    refused.seen({"event": zmq.EVENT_HANDSHAKE_FAILED_AUTH, "value": 0})  # keys the monitor does not take
+    assert not refused.connecting() and refused.ready_at is None
