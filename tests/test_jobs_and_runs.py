@@ -11,9 +11,9 @@ from helpers.frames import ListSource, hello
 
 from dagtop.commands.record import record
 from dagtop.io.recording import RecordingWriter
+from dagtop.model import verdict
 from dagtop.model.admission import Admission
 from dagtop.model.frames import RawFrame
-from dagtop.model import verdict
 from dagtop.model.liveness import Liveness
 from dagtop.model.pipeline import Pipeline
 from instrument import wire
