@@ -171,6 +171,9 @@ class BucketTimer:
         self.parameter_bytes: tuple[tuple[int, ...], ...] = ()
         """Per bucket of the map :meth:`iteration_done` last returned, its parameters' bytes in the order of their
         names (empty where the names are)."""
+        self.copy_ns = 0
+        """What DDP's copies of the gradients into the buckets of that map and back take a synced step on this
+        rank, ns (:func:`_copy_ns`); 0 where it makes none worth timing."""
         self._known: dict[int, tuple[int, torch.dtype, str, tuple[int, torch.dtype]]] = {}
         """Bucket index -> (elements, dtype, task name, (bytes, dtype)) as last handed over: worked out once."""
         self._hook_said = False
@@ -300,7 +303,35 @@ class BucketTimer:
         self._sent, self._candidate = sizes, None
         names = _bucket_names(self._ddp, [sizes[i] for i in sorted(sizes)])
         self.parameter_bytes = tuple(tuple(b for _, b in bucket) for bucket in names) if all(names) else ()
+        self.copy_ns = _copy_ns(self._ddp, sum(size for size, _ in sizes.values()))
         return [Bucket(i, sizes[i][0], tuple(n for n, _ in names[k])) for k, i in enumerate(sorted(sizes))]
+
+
+COPY_SAMPLE_BYTES = 16 << 20
+"""Bytes :func:`_copy_ns` copies to time the copy rate, at most."""
+
+
+def _copy_ns(ddp: Any, nbytes: int) -> int:
+    """The time DDP spends each synced step copying ``nbytes`` of gradients into its buckets (dividing by the world
+    size on the way) and, once reduced, back into the gradients: two passes over the bytes, on the training thread
+    of a CPU rank, which ``no_sync`` skips. Timed as a copy of up to :data:`COPY_SAMPLE_BYTES` (the fastest of three,
+    a few milliseconds once per bucket map), scaled to ``nbytes``. 0 on a GPU (the copies are kernels on the
+    stream, microseconds) and with ``gradient_as_bucket_view`` (the gradients are the buckets: no copy)."""
+    if nbytes <= 0 or getattr(ddp, "gradient_as_bucket_view", False):
+        return 0
+    with contextlib.suppress(StopIteration):
+        if next(ddp.module.parameters()).device.type != "cpu":
+            return 0
+    sample = min(nbytes, COPY_SAMPLE_BYTES) // 4
+    source, target = torch.ones(sample), torch.empty(sample)
+    fastest = min(_timed(lambda: target.copy_(source)) for _ in range(3))
+    return 2 * fastest * nbytes // (sample * 4)
+
+
+def _timed(work: Callable[[], object]) -> int:
+    start = time.perf_counter_ns()
+    work()
+    return time.perf_counter_ns() - start
 
 
 def _bucket_names(ddp: Any, buckets: list[tuple[int, torch.dtype]]) -> list[tuple[tuple[str, int], ...]]:

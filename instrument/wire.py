@@ -156,6 +156,10 @@ class Buckets(Header):
         AddedIntLists(), "per bucket, the bytes of each of its parameters, in the order of its names (what the "
                          "advisor regroups); empty where the names are, and from older ranks",
         key="param_bytes", check=_bytes_per_name))
+    copy_ns: int = field(default=0, metadata=wire(AddedInt(), "ns a synced step of this rank spends in DDP's copies "
+                                                              "of the gradients into these buckets and back, which "
+                                                              "`no_sync` skips (a copy timed at attach, CPU ranks "
+                                                              "only); 0 where not measured"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,8 +111,11 @@ def test_a_compiled_job_is_timed_without_changing_what_dynamo_compiles(
         assert without["graphs"] >= 1 and not with_dagtop["dynamo_warnings"]
     frames = collector.until_bye(2)
     _check_iterations(frames, units)
-    maps = {f.rank: f.buckets for f in map(wire.decode, (raw.payload for raw in frames)) if isinstance(f, wire.Buckets)}
+    decoded = [f for f in map(wire.decode, (raw.payload for raw in frames)) if isinstance(f, wire.Buckets)]
+    maps = {f.rank: f.buckets for f in decoded}
     assert set(maps) == {0, 1}
+    # CPU ranks time DDP's copies of the gradients into its buckets and back (what no_sync saves).
+    assert all(f.copy_ns > 0 for f in decoded)
     for buckets in maps.values():  # named as in the model, never through the compiled wrapper (`_orig_mod.`)
         assert "head.weight" in {name for b in buckets for name in b.parameters}
     _compute_dominates(frames, tmp_path, capsys, all_compute=False)

@@ -287,3 +287,11 @@ def test_the_heartbeat_says_what_its_task_is_beside_its_name() -> None:
                                                                                           TaskState.BETWEEN)
     assert where(iteration=3) == ("between iterations", TaskState.BETWEEN)
     assert where(_comm=SimpleNamespace(in_flight=lambda: 1 / 0)) == ("", TaskState.UNKNOWN)  # a look that failed
+
+
+def test_ddps_bucket_copies_are_timed_on_cpu_ranks_and_none_where_the_gradients_are_the_buckets() -> None:
+    from instrument.comm import _copy_ns
+    model = nn.Linear(256, 256)
+    assert _copy_ns(SimpleNamespace(module=model, gradient_as_bucket_view=False), 64 << 20) > 0
+    assert _copy_ns(SimpleNamespace(module=model, gradient_as_bucket_view=True), 64 << 20) == 0
+    assert _copy_ns(SimpleNamespace(module=model, gradient_as_bucket_view=False), 0) == 0
