@@ -316,15 +316,18 @@ def _copy_ns(ddp: Any, nbytes: int) -> int:
     size on the way) and, once reduced, back into the gradients: two passes over the bytes, on the training thread
     of a CPU rank, which ``no_sync`` skips. Timed as a copy of up to :data:`COPY_SAMPLE_BYTES` (the fastest of three,
     a few milliseconds once per bucket map), scaled to ``nbytes``. 0 on a GPU (the copies are kernels on the
-    stream, microseconds) and with ``gradient_as_bucket_view`` (the gradients are the buckets: no copy)."""
+    stream, microseconds) and with ``gradient_as_bucket_view`` (the gradients are the buckets: no copy); 0 too
+    where the timing fails (no memory for the sample): an estimate, never worth the training."""
     if nbytes <= 0 or getattr(ddp, "gradient_as_bucket_view", False):
         return 0
-    with contextlib.suppress(StopIteration):
+    try:
         if next(ddp.module.parameters()).device.type != "cpu":
             return 0
-    sample = min(nbytes, COPY_SAMPLE_BYTES) // 4
-    source, target = torch.ones(sample), torch.empty(sample)
-    fastest = min(_timed(lambda: target.copy_(source)) for _ in range(3))
+        sample = max(min(nbytes, COPY_SAMPLE_BYTES) // 4, 1)
+        source, target = torch.ones(sample), torch.empty(sample)
+        fastest = min(_timed(lambda: target.copy_(source)) for _ in range(3))
+    except Exception:  # noqa: BLE001 - the shim never takes training down
+        return 0
     return 2 * fastest * nbytes // (sample * 4)
 
 
