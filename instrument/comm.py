@@ -308,27 +308,47 @@ class BucketTimer:
 
 
 COPY_SAMPLE_BYTES = 16 << 20
-"""Bytes :func:`_copy_ns` copies to time the copy rate, at most."""
+"""Bytes of parameters :func:`_copy_ns` copies to time DDP's copies, at most."""
 
 
 def _copy_ns(ddp: Any, nbytes: int) -> int:
-    """The time DDP spends each synced step copying ``nbytes`` of gradients into its buckets (dividing by the world
-    size on the way) and, once reduced, back into the gradients: two passes over the bytes, on the training thread
-    of a CPU rank, which ``no_sync`` skips. Timed as a copy of up to :data:`COPY_SAMPLE_BYTES` (the fastest of three,
-    a few milliseconds once per bucket map), scaled to ``nbytes``. 0 on a GPU (the copies are kernels on the
-    stream, microseconds) and with ``gradient_as_bucket_view`` (the gradients are the buckets: no copy); 0 too
-    where the timing fails (no memory for the sample): an estimate, never worth the training."""
+    """The time DDP spends each synced step copying ``nbytes`` of gradients into its buckets (multiplied by 1/world
+    size on the way) and, once reduced, back into the gradients: two small ops per parameter on the training thread
+    of a CPU rank, which ``no_sync`` skips. Timed as the same two ops on each of the model's parameters (read, never
+    written) into scratch buffers, up to :data:`COPY_SAMPLE_BYTES` of them (the fastest of three, a few milliseconds
+    once per bucket map), scaled to ``nbytes``. 0 on a GPU (the copies are kernels on the stream, microseconds), with
+    ``gradient_as_bucket_view`` (the gradients are the buckets: no copy), and where the timing fails (no memory for
+    the scratch): an estimate, never worth the training."""
     if nbytes <= 0 or getattr(ddp, "gradient_as_bucket_view", False):
         return 0
     try:
-        if next(ddp.module.parameters()).device.type != "cpu":
+        params = [p.detach() for p in ddp.module.parameters() if p.requires_grad]
+        if not params or params[0].device.type != "cpu":
             return 0
-        sample = max(min(nbytes, COPY_SAMPLE_BYTES) // 4, 1)
-        source, target = torch.ones(sample), torch.empty(sample)
-        fastest = min(_timed(lambda: target.copy_(source)) for _ in range(3))
+        dtype, taken, total = params[0].dtype, [], 0
+        for p in params:
+            if p.dtype == dtype and total < COPY_SAMPLE_BYTES:
+                taken.append(p)
+                total += p.numel() * p.element_size()
+        elements = sum(p.numel() for p in taken)
+        bucket, back = torch.empty(elements, dtype=dtype), torch.empty(elements, dtype=dtype)
+        views: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # a parameter, its bucket view, its "grad"
+        at = 0
+        for p in taken:
+            views.append((p, bucket[at:at + p.numel()].view_as(p), back[at:at + p.numel()].view_as(p)))
+            at += p.numel()
+        scale = 1.0 / max(dist.get_world_size(ddp.process_group), 1) if dist.is_initialized() else 1.0
+
+        def both() -> None:
+            for p, view, _ in views:
+                torch.mul(p, scale, out=view)
+            for _, view, grad in views:
+                grad.copy_(view)
+
+        fastest = min(_timed(both) for _ in range(3))
     except Exception:  # noqa: BLE001 - the shim never takes training down
         return 0
-    return 2 * fastest * nbytes // (sample * 4)
+    return fastest * nbytes // max(total, 1)
 
 
 def _timed(work: Callable[[], object]) -> int:
