@@ -173,7 +173,9 @@ class BucketTimer:
         names (empty where the names are)."""
         self.copy_ns = 0
         """What DDP's copies of the gradients into the buckets of that map and back take a synced step on this
-        rank, ns (:func:`_copy_ns`); 0 where it makes none worth timing."""
+        rank, ns (:func:`gradient_passes`); 0 where it makes none worth timing."""
+        self.add_ns = 0
+        """What adding a micro-batch's gradients to those accumulated takes on this rank, ns (the same)."""
         self._known: dict[int, tuple[int, torch.dtype, str, tuple[int, torch.dtype]]] = {}
         """Bucket index -> (elements, dtype, task name, (bytes, dtype)) as last handed over: worked out once."""
         self._hook_said = False
@@ -303,35 +305,39 @@ class BucketTimer:
         self._sent, self._candidate = sizes, None
         names = _bucket_names(self._ddp, [sizes[i] for i in sorted(sizes)])
         self.parameter_bytes = tuple(tuple(b for _, b in bucket) for bucket in names) if all(names) else ()
-        self.copy_ns = _copy_ns(self._ddp, sum(size for size, _ in sizes.values()))
+        self.copy_ns, self.add_ns = gradient_passes(self._ddp, sum(size for size, _ in sizes.values()))
         return [Bucket(i, sizes[i][0], tuple(n for n, _ in names[k])) for k, i in enumerate(sorted(sizes))]
 
 
 COPY_SAMPLE_BYTES = 16 << 20
-"""Bytes of parameters :func:`_copy_ns` copies to time DDP's copies, at most."""
+"""Bytes of parameters :func:`gradient_passes` times DDP's passes over, at most."""
 
 
-def _copy_ns(ddp: Any, nbytes: int) -> int:
-    """The time DDP spends each synced step copying ``nbytes`` of gradients into its buckets (multiplied by 1/world
-    size on the way) and, once reduced, back into the gradients: two small ops per parameter on the training thread
-    of a CPU rank, which ``no_sync`` skips. Timed as the same two ops on each of the model's parameters (read, never
-    written) into scratch buffers, up to :data:`COPY_SAMPLE_BYTES` of them (the fastest of three, a few milliseconds
-    once per bucket map), scaled to ``nbytes``. 0 on a GPU (the copies are kernels on the stream, microseconds), with
-    ``gradient_as_bucket_view`` (the gradients are the buckets: no copy), and where the timing fails (no memory for
-    the scratch): an estimate, never worth the training."""
-    if nbytes <= 0 or getattr(ddp, "gradient_as_bucket_view", False):
-        return 0
+def gradient_passes(ddp: Any, nbytes: int) -> tuple[int, int]:
+    """(copies, adds), ns: what a step of a CPU rank spends in passes over its ``nbytes`` of gradients that
+    gradient accumulation changes. *copies*: DDP's copy of each gradient into its bucket (multiplied by 1/world size
+    on the way) and, once reduced, back into the gradient, two small ops per parameter on the training thread, which
+    ``no_sync`` skips (none with ``gradient_as_bucket_view``: the gradients are the buckets). *adds*: autograd adding
+    a micro-batch's gradient to those accumulated, one op per parameter, which every micro-batch after the first
+    pays (a step after ``zero_grad`` takes its gradients as they come).
+
+    Timed as the same ops on the model's parameters (read, never written) into scratch buffers, up to
+    :data:`COPY_SAMPLE_BYTES` of them (the fastest of three, a few milliseconds once per bucket map), scaled to
+    ``nbytes``. (0, 0) on a GPU (kernels on the stream, microseconds) and where the timing fails (no memory for the
+    scratch): an estimate, never worth the training."""
+    if nbytes <= 0:
+        return 0, 0
     try:
         params = [p.detach() for p in ddp.module.parameters() if p.requires_grad]
         if not params or params[0].device.type != "cpu":
-            return 0
+            return 0, 0
         dtype, taken, total = params[0].dtype, [], 0
         for p in params:
             if p.dtype == dtype and total < COPY_SAMPLE_BYTES:
                 taken.append(p)
                 total += p.numel() * p.element_size()
         elements = sum(p.numel() for p in taken)
-        bucket, back = torch.empty(elements, dtype=dtype), torch.empty(elements, dtype=dtype)
+        bucket, back = torch.empty(elements, dtype=dtype), torch.zeros(elements, dtype=dtype)
         views: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # a parameter, its bucket view, its "grad"
         at = 0
         for p in taken:
@@ -339,16 +345,21 @@ def _copy_ns(ddp: Any, nbytes: int) -> int:
             at += p.numel()
         scale = 1.0 / max(dist.get_world_size(ddp.process_group), 1) if dist.is_initialized() else 1.0
 
-        def both() -> None:
+        def copies() -> None:
             for p, view, _ in views:
                 torch.mul(p, scale, out=view)
             for _, view, grad in views:
                 grad.copy_(view)
 
-        fastest = min(_timed(both) for _ in range(3))
+        def adds() -> None:
+            for p, _, grad in views:
+                grad.add_(p)
+
+        copy_ns = 0 if getattr(ddp, "gradient_as_bucket_view", False) else min(_timed(copies) for _ in range(3))
+        add_ns = min(_timed(adds) for _ in range(3))
     except Exception:  # noqa: BLE001 - the shim never takes training down
-        return 0
-    return fastest * nbytes // max(total, 1)
+        return 0, 0
+    return copy_ns * nbytes // max(total, 1), add_ns * nbytes // max(total, 1)
 
 
 def _timed(work: Callable[[], object]) -> int:

@@ -106,7 +106,7 @@ class Publisher:
         self._auth = ""
         self.refused = 0
         """Handshakes the monitor refused (``--auth`` and a rank without the key, or with another)."""
-        self._buckets: tuple[tuple[Bucket, ...], tuple[tuple[int, ...], ...], int] | None = None
+        self._buckets: tuple[tuple[Bucket, ...], tuple[tuple[int, ...], ...], int, int] | None = None
         """The last bucket map and its parameters' bytes, sent again after every hello."""
         self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
         """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
@@ -142,10 +142,10 @@ class Publisher:
         self._wake()
 
     def put_buckets(self, buckets: list[Bucket], parameter_bytes: tuple[tuple[int, ...], ...] = (),
-                    copy_ns: int = 0) -> None:
-        """The final bucket map (its parameters' bytes and DDP's copy time, where known); sent now and again with
-        every hello."""
-        self._queue.append(("buckets", (tuple(buckets), parameter_bytes, copy_ns), None))
+                    copy_ns: int = 0, add_ns: int = 0) -> None:
+        """The final bucket map (its parameters' bytes and the times of passes over the gradients, where known);
+        sent now and again with every hello."""
+        self._queue.append(("buckets", (tuple(buckets), parameter_bytes, copy_ns, add_ns), None))
         self._wake()
 
     def _wake(self) -> None:
@@ -239,8 +239,8 @@ class Publisher:
     def _send_hello(self, sock: zmq.Socket[bytes]) -> None:
         self._send(sock, wire.encode(dataclasses.replace(self._hello(self.seq), sender=self.sender)))
         if self._buckets is not None:
-            buckets, sizes, copy_ns = self._buckets
-            self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, buckets, self.sender, sizes, copy_ns)))
+            buckets, sizes, copy_ns, add_ns = self._buckets
+            self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, buckets, self.sender, sizes, copy_ns, add_ns)))
 
     def _send_heartbeat(self, sock: zmq.Socket[bytes]) -> None:
         assert self._where is not None

@@ -187,4 +187,5 @@ class IterationHooks:
         if self._comm is not None:
             buckets = self._comm.iteration_done()  # a new map each time DDP rebuilds its buckets
             if buckets is not None:
-                self._publisher.put_buckets(buckets, self._comm.parameter_bytes, self._comm.copy_ns)
+                self._publisher.put_buckets(buckets, self._comm.parameter_bytes, self._comm.copy_ns,
+                                            self._comm.add_ns)

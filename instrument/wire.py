@@ -160,6 +160,10 @@ class Buckets(Header):
                                                               "of the gradients into these buckets and back, which "
                                                               "`no_sync` skips (a copy timed at attach, CPU ranks "
                                                               "only); 0 where not measured"))
+    add_ns: int = field(default=0, metadata=wire(AddedInt(), "ns this rank takes to add a micro-batch's gradients "
+                                                             "to those accumulated, which gradient accumulation "
+                                                             "pays each micro-batch after the first (timed with "
+                                                             "`copy_ns`); 0 where not measured"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,7 +115,7 @@ def test_a_compiled_job_is_timed_without_changing_what_dynamo_compiles(
     maps = {f.rank: f.buckets for f in decoded}
     assert set(maps) == {0, 1}
     # CPU ranks time DDP's copies of the gradients into its buckets and back (what no_sync saves).
-    assert all(f.copy_ns > 0 for f in decoded)
+    assert all(f.copy_ns > 0 and f.add_ns > 0 for f in decoded)
     for buckets in maps.values():  # named as in the model, never through the compiled wrapper (`_orig_mod.`)
         assert "head.weight" in {name for b in buckets for name in b.parameters}
     _compute_dominates(frames, tmp_path, capsys, all_compute=False)

@@ -37,8 +37,9 @@ def test_every_complete_iteration_has_every_task_of_both_ranks(tmp_path: Path, e
     assert set(hellos) == {0, 1} and all(h.world == 2 and h.model == "DemoNet" for h in hellos.values())
     bucket_maps = {f.rank: f.buckets for f in frames if isinstance(f, wire.Buckets)}
     assert set(bucket_maps) == {0, 1} and bucket_maps[0] == bucket_maps[1]
-    # The demo's gradients are its buckets (gradient_as_bucket_view): DDP copies none, so none is timed.
-    assert all(f.copy_ns == 0 for f in frames if isinstance(f, wire.Buckets))
+    # The demo's gradients are its buckets (gradient_as_bucket_view): DDP copies none, so none is timed; the adds
+    # of gradient accumulation are.
+    assert all(f.copy_ns == 0 and f.add_ns > 0 for f in frames if isinstance(f, wire.Buckets))
     buckets = {f"bucket {b.index}": b.bytes for b in bucket_maps[0]}
     assert len(buckets) >= 2 and all(size > 0 for size in buckets.values())
     parameters = [p for b in bucket_maps[0] for p in b.parameters]

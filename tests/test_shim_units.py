@@ -289,9 +289,11 @@ def test_the_heartbeat_says_what_its_task_is_beside_its_name() -> None:
     assert where(_comm=SimpleNamespace(in_flight=lambda: 1 / 0)) == ("", TaskState.UNKNOWN)  # a look that failed
 
 
-def test_ddps_bucket_copies_are_timed_on_cpu_ranks_and_none_where_the_gradients_are_the_buckets() -> None:
-    from instrument.comm import _copy_ns
+def test_ddps_bucket_copies_and_the_accumulating_adds_are_timed_on_cpu_ranks() -> None:
+    from instrument.comm import gradient_passes
     model = nn.Linear(256, 256)
-    assert _copy_ns(SimpleNamespace(module=model, gradient_as_bucket_view=False), 64 << 20) > 0
-    assert _copy_ns(SimpleNamespace(module=model, gradient_as_bucket_view=True), 64 << 20) == 0
-    assert _copy_ns(SimpleNamespace(module=model, gradient_as_bucket_view=False), 0) == 0
+    copies, adds = gradient_passes(SimpleNamespace(module=model, gradient_as_bucket_view=False), 64 << 20)
+    assert copies > 0 and adds > 0
+    viewed = gradient_passes(SimpleNamespace(module=model, gradient_as_bucket_view=True), 64 << 20)
+    assert viewed[0] == 0 and viewed[1] > 0  # the gradients are the buckets: no copy, the adds still
+    assert gradient_passes(SimpleNamespace(module=model, gradient_as_bucket_view=False), 0) == (0, 0)

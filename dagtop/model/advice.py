@@ -155,7 +155,8 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
             model = model_buckets(layout, shared, fitted) if fitted is not None else None
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
                tuple(backwards), layout, model, tuple(ranks), tuple(telemetry),
-               buckets.copy_ns / 1e6 if buckets is not None else 0.0, tuple(counted[-verdict.HISTORY:]))
+               buckets.copy_ns / 1e6 if buckets is not None else 0.0, buckets.add_ns / 1e6 if buckets is not None else 0.0,
+               tuple(counted[-verdict.HISTORY:]))
     found = [c for make in MAKERS for c in make(w)]
     predicted = [c for c in found if c.confidence is not Confidence.WITHHELD]
     buying = {Kind.SCALE_OUT, Kind.NETWORK}

@@ -148,8 +148,10 @@ class Window:
     """The ranks as their hellos describe them (device, host, DataLoader)."""
     telemetry: tuple[Telemetry, ...] = ()
     copies_ms: float = 0.0
-    """What a synced step spends in DDP's copies of the gradients into its buckets and back (measured by the shim
-    on CPU ranks, 0 elsewhere): ``no_sync`` skips them, and dagtop times them only as part of the backward."""
+    """What a synced step spends in DDP's copies of the gradients into its buckets and back, which ``no_sync``
+    skips (measured by the shim on CPU ranks, 0 elsewhere; dagtop times them only as part of the backward)..."""
+    adds_ms: float = 0.0
+    """...and what adding a micro-batch's gradients to those accumulated takes, which accumulation adds."""
     history: tuple[IterationAnalysis, ...] = ()
     """The counted iterations up to the window's last (as many as the verdict reads), which the straggler test takes
     a window that lasts long enough from (:func:`dagtop.model.straggler.span`), as the live verdict does."""

@@ -227,22 +227,24 @@ def _accumulation(w: Window, free: dict[int, float], exposed: float, gpu: bool) 
     exposed communication (the 'perfect overlap' replay) and without its update; on CPU ranks also without the CPU
     its all-reduces took from the backward beside which they ran (gloo reduces on the ranks' cores): their work
     alone (the α-β fit) less what they did after the backward, within their time beside it; and without DDP's copies
-    of the gradients into its buckets and back, where the shim timed them (``Window.copies_ms``)."""
+    of the gradients into its buckets and back but with autograd's adding each micro-batch's gradients to those
+    accumulated, where the shim timed them (``Window.copies_ms``, ``Window.adds_ms``: K − 1 of each per update)."""
     k = ACCUMULATE
     beside: dict[int, float] = {}
     if not gpu and w.comm is not None:
         comm = w.comm
         beside = {b.iteration: sum(comm.done_beside(m, s, e, b.end) for m, s, e in b.collectives) / 1e6
                   for b in w.backwards}
-    copies = w.copies_ms
-    per = [(k - 1) * max(free[a.iteration] - _update_ms(a) - beside.get(a.iteration, 0.0) - copies, 0.0)
+    passes = w.copies_ms - w.adds_ms
+    per = [(k - 1) * max(free[a.iteration] - _update_ms(a) - beside.get(a.iteration, 0.0) - passes, 0.0)
            + a.predicted_ms for a in w.analyses]
     speedup, step, bounds = w.predicted(per)
     confidence, doubt = confidence_of(Kind.ACCUMULATION)
     cpu = (f", nor the {statistics.median(beside.values()):.1f} ms of CPU their all-reduces took from the backward "
            "beside it" if beside else "")
-    if copies:
-        cpu += f", nor the {copies:.1f} ms of DDP's copies of the gradients into its buckets and back"
+    if w.copies_ms or w.adds_ms:
+        cpu += (f", nor the {w.copies_ms:.1f} ms of DDP's copies of the gradients into its buckets and back, but with "
+                f"the {w.adds_ms:.1f} ms of adding them to those accumulated")
     # The 'perfect overlap' replay is a lower bound where CPU ranks share a host; accumulation's re-runs missed
     # both ways (its doubt), so no bound is claimed for it: said, not hidden.
     bounded = any(x.lower_bound for a in w.analyses for x in a.what_if if x.change is Change.PERFECT_OVERLAP)
