@@ -50,15 +50,15 @@ DOUBT: Mapping[Kind, str] = {
     Kind.SCALE_OUT: "not validated: the α-β fit is extrapolated to more ranks than ran, and the test machine's 2 "
                     "cores cannot run more ranks without measuring core sharing instead",
     Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
-    Kind.ACCUMULATION: "re-run on a 2-core CPU machine: on jobs of 41 small layers, with DDP's bucket copies timed "
-                       "(2026-11-28), within the target in 3 of 4 (errors -4.4, -5.0, -7.3, -10.2 %), -15 to -16 % "
-                       "before; within it in 4 of 7 on other jobs (2026-11-27), 2 points short on a transformer (×1.07, "
-                       "×1.09); dagtop's own cost, 10-15 % of a step there, is in what it replays",
+    Kind.ACCUMULATION: "re-run on a 2-core CPU machine (2026-11-28, DDP's bucket copies and autograd's adds timed "
+                       "by the shim): within the target on three MLPs (+3.0, +2.1, +0.1 %); under-predicted by 12-14 "
+                       "% on 41 small layers, where dagtop's own cost (8-17 % of a step there) stays in every "
+                       "micro-batch replayed; over by 10.5 % on a transformer (×1.21 predicted, ×1.10 re-run)",
     Kind.BUCKETS: "re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error 4.3 %), "
                   "over by 11-12 % on MG-WFBP's grouping of tiny buckets and by 18 % for one bucket per layer (an "
                   "all-reduce's start-up cost varies with the load); DDP's default over one bucket per layer ×1.35 "
                   "predicted, ×1.59 re-run (×1.50 predicted, ×1.54 re-run before the shim stopped slowing them; ×1.18-1.35 "
-                  "predicted, ×1.28-1.44 re-run in 4 runs of 2026-11-28, 1 within 10 %); over a 1 "
+                  "predicted, ×1.28-1.45 re-run in 5 runs of 2026-11-28, 1 within 10 %); over a 1 "
                   "Gbit/s link, MG-WFBP's grouping ×1.12 predicted twice, ×1.13 and ×1.10 re-run, then ×1.08 and "
                   "×1.05 predicted, ×1.08 and ×1.05 re-run",
     Kind.STRAGGLER: "on CPU cores the job shares, said as a lower bound: at least ×1.12 and ×1.05 predicted, ×1.61 and "
