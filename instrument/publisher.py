@@ -107,7 +107,8 @@ class Publisher:
         self.refused = 0
         """Handshakes the monitor refused (``--auth`` and a rank without the key, or with another)."""
         self._buckets: tuple[tuple[Bucket, ...], tuple[tuple[int, ...], ...], int, int] | None = None
-        """The last bucket map and its parameters' bytes, sent again after every hello."""
+        """The last bucket map (its parameters' bytes, DDP's copy and autograd's add times), sent again after every
+        hello."""
         self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
         """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
         self._stop = threading.Event()
@@ -239,8 +240,12 @@ class Publisher:
     def _send_hello(self, sock: zmq.Socket[bytes]) -> None:
         self._send(sock, wire.encode(dataclasses.replace(self._hello(self.seq), sender=self.sender)))
         if self._buckets is not None:
-            buckets, sizes, copy_ns, add_ns = self._buckets
-            self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, buckets, self.sender, sizes, copy_ns, add_ns)))
+            self._send_buckets(sock)
+
+    def _send_buckets(self, sock: zmq.Socket[bytes]) -> None:
+        assert self._buckets is not None
+        buckets, sizes, copy_ns, add_ns = self._buckets
+        self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, buckets, self.sender, sizes, copy_ns, add_ns)))
 
     def _send_heartbeat(self, sock: zmq.Socket[bytes]) -> None:
         assert self._where is not None
@@ -359,7 +364,7 @@ class Publisher:
             if kind == "buckets":
                 self._queue.popleft()
                 self._buckets = body
-                self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, body[0], self.sender, *body[1:])))
+                self._send_buckets(sock)
                 continue
             if self._resolver is not None:
                 if not self._resolver.ready(events):
