@@ -153,10 +153,10 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
             shared = [b for b in (backward_of(a, together) for a in chosen) if b is not None]
             fitted = fit([o for b in shared for o in b.observed()], ranks_now)
             model = model_buckets(layout, shared, fitted) if fitted is not None else None
+    copies, adds = (buckets.copy_ns / 1e6, buckets.add_ns / 1e6) if buckets is not None else (0.0, 0.0)
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
-               tuple(backwards), layout, model, tuple(ranks), tuple(telemetry),
-               buckets.copy_ns / 1e6 if buckets is not None else 0.0, buckets.add_ns / 1e6 if buckets is not None else 0.0,
-               tuple(counted[-verdict.HISTORY:]))
+               tuple(backwards), layout, model, tuple(ranks), tuple(telemetry), copies_ms=copies, adds_ms=adds,
+               history=tuple(counted[-verdict.HISTORY:]))
     found = [c for make in MAKERS for c in make(w)]
     predicted = [c for c in found if c.confidence is not Confidence.WITHHELD]
     buying = {Kind.SCALE_OUT, Kind.NETWORK}
