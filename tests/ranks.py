@@ -8,8 +8,10 @@ torchrun's environment, each in its own process group so a hung job is killed wh
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +51,7 @@ class RunningJob:
     def __init__(self, script: str, args: tuple[str, ...], world: int, endpoint: str | None,
                  env: dict[str, str] | None) -> None:
         self.out = Path(tempfile.mkdtemp(prefix="dagtop-job-"))
+        atexit.register(shutil.rmtree, self.out, ignore_errors=True)  # read after wait() by some tests: at exit
         self.log = self.out / "job.log"
         port = str(free_port())
         self.procs: list[subprocess.Popen[bytes]] = []
