@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
+import math
 import random
 import statistics
 
@@ -18,8 +19,9 @@ from dagtop.model import candidates
 from dagtop.model.advice import Advice, Candidate, Kind, advise, advise_snapshot
 from dagtop.model.allreduce import AllReduce, fit
 from dagtop.model.buckets import Backward, Layout, ddp_buckets, finish_ns, limits_for, mg_wfbp
+from dagtop.model.change import Change
 from dagtop.model.pipeline import Pipeline
-from dagtop.model.snapshot import Snapshot
+from dagtop.model.snapshot import IterationAnalysis, Snapshot
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames
 from dagtop.model.verdict import WINDOW
 from instrument import wire
@@ -333,3 +335,20 @@ def test_all_reduces_gloo_runs_side_by_side_are_fitted_on_their_share_of_the_lin
     assert serial.kappa > 0.5
     assert buckets_module.together_on(["cpu", "cpu"]) == 2
     assert buckets_module.together_on(["cpu", "cuda:0"]) == buckets_module.together_on([]) == 1
+
+
+def test_accumulation_is_withheld_with_the_reason_where_the_replay_without_collectives_was_refused() -> None:
+    """The what-ifs that change communication are refused where compute ran clearly faster under collectives: the
+    accumulation that rests on one of them is withheld with that reason, never predicted infinitely fast."""
+    snap = run(COMM_HEAVY)
+    why = "compute ran faster while a collective was in flight (main ×0.60 ± 0.05), which the model cannot explain"
+
+    def refused(a: IterationAnalysis) -> IterationAnalysis:
+        return dataclasses.replace(a, what_if=tuple(
+            dataclasses.replace(x, iteration_ms=math.nan, speedup=math.nan, unpredictable=why)
+            if x.change is Change.PERFECT_OVERLAP else x for x in a.what_if))
+
+    advice = advise(list(map(refused, snap.iterations)), snap.ranks, snap.buckets, snap.telemetry)
+    assert not any(c.kind is Kind.ACCUMULATION for c in (*advice.fixes, *advice.buys))
+    held = next(c for c in advice.withheld if c.kind is Kind.ACCUMULATION)
+    assert held.doubt == why and held.speedup is None

@@ -217,7 +217,10 @@ def _volume(w: Window) -> list[Candidate]:
                    "all-reduce, which costs a cast and a division per bucket on the training thread"))
     free = {a.iteration: next((x.iteration_ms for x in a.what_if if x.change is Change.PERFECT_OVERLAP), None)
             for a in w.analyses}
-    if all(v is not None for v in free.values()):
+    if any(v is not None and math.isnan(v) for v in free.values()):  # the replay without collectives was refused
+        why = _unpredictable(w, Change.PERFECT_OVERLAP) or "the 'perfect overlap' replay was not made"
+        out.append(withheld(Kind.ACCUMULATION, f"accumulate {ACCUMULATE} micro-batches", why))
+    elif all(v is not None for v in free.values()):
         out.append(_accumulation(w, {i: float(v or 0.0) for i, v in free.items()}, exposed, gpu))
     return out
 
