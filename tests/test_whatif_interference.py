@@ -11,6 +11,9 @@ from dagtop.model.analysis import analyse
 from dagtop.model.change import Change
 from dagtop.model.dag import assemble
 from dagtop.model.interference import InterferenceFit, compute_factors, fit_groups, node_overlap, task_overlap
+from dagtop.model.snapshot import Interference
+from dagtop.model.whatif import unexplained
+from instrument.events import PHASE_CODE
 from instrument.wire import Event
 
 US = 1_000
@@ -120,3 +123,36 @@ def test_learning_happens_only_when_asked() -> None:
     assert not fit.blocks
     analyse(1, events, {}, {r: 0 for r in events}, interference=fit, learn=True)
     assert fit.blocks
+
+
+def test_a_units_forward_and_backward_are_two_blocks() -> None:
+    """A unit's forward never runs under a collective and its backward, twice as long, always does, by the same
+    fraction: nothing tells interference from noise. Pooled as one block they would read as k ≈ 1."""
+    rng = random.Random(9)
+    fit = InterferenceFit()
+    for _ in range(40):
+        events: dict[int, list[Event]] = {}
+        for r in range(2):
+            fwd, bwd = 1_000 * (1 + rng.gauss(0, 0.02)), 2_000 * (1 + rng.gauss(0, 0.02))
+            end = 1_000 + fwd + bwd
+            events[r] = [
+                Event("compute", "forward", "layer", "main", 0, int(fwd * US), 0),
+                Event("compute", "backward", "layer", "main", int(fwd * US), int((fwd + bwd) * US), 0),
+                Event("allreduce", "allreduce", "bucket 0", "comm", int((fwd + 100) * US), int(end * US), 1_000_000),
+                Event("compute", "update", "optimizer.step", "main", int(end * US), int((end + 200) * US), 0),
+            ]
+        fit.add(assemble(events, {}, {r: 0 for r in events}))
+    assert fit.model() == {}
+    assert {(phase, name) for _, _, phase, name in fit.blocks} >= {(PHASE_CODE["forward"], "layer"),
+                                                                   (PHASE_CODE["backward"], "layer")}
+
+
+def test_compute_faster_under_collectives_stops_the_changes_to_communication_only_when_clearly_so() -> None:
+    """Significant and large: something else at work, said; small or within the noise: no interference, predicted."""
+    def said(k: float, se: float) -> str:
+        return unexplained([Interference("main", k, se, 500, 20)])
+
+    assert "compute ran faster while a collective was in flight (main ×0.60 ± 0.05)" in said(-0.4, 0.05)
+    assert said(-0.1, 0.01) == ""  # significant, but within what the fit's confounds make of noise on CPU ranks
+    assert said(-0.4, 0.3) == ""  # large, but not told from noise
+    assert said(0.5, 0.05) == ""

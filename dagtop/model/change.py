@@ -70,8 +70,9 @@ _DOUBT = {
                            "(2 cores) cannot run twice the ranks without measuring core sharing instead",
     Change.ALLREDUCE_DOUBLE: "not validated by a re-run (no job was made to send twice the bytes)",
     Change.PERFECT_OVERLAP: "off by 11–35 % on a job whose one 128 MB gloo all-reduce holds the path (the demo's "
-                            "--bottleneck allreduce), where the re-runs themselves spread from ×2.05 to ×4.5 on 2 "
-                            "shared cores; within 3 % on a small transformer",
+                            "--bottleneck allreduce; ×2.08 predicted, ×2.98 re-run on 2026-11-28), where the re-runs "
+                            "themselves spread from ×2.05 to ×4.5 on 2 shared cores; within 3–6 % on a small "
+                            "transformer",
     Change.STRAGGLER_AT_MEDIAN: "off by 12 % in one of two validations, on the demo's compute straggler (×2.63 "
                                 "predicted, ×2.99 re-run without dagtop, ×2.74 with it): on 2 shared cores dagtop's "
                                 "own cost weighs more in the faster job; within 1 % on a small transformer; a "

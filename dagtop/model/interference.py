@@ -3,8 +3,8 @@
 Communication and computation share the machine: gloo's threads take cores from the training thread, NCCL's
 kernels take SMs and memory bandwidth from the compute kernels beside them. A replay that holds every compute
 duration fixed then over-predicts what removing communication leaves behind. The job itself shows the effect:
-the same block (rank, lane, name) runs in many iterations, partly overlapped by collectives in some, less or not
-at all in others. Within each block, duration against the fraction of it that a collective overlapped is a line
+the same block (rank, lane, phase, name) runs in many iterations, partly overlapped by collectives in some, less or
+not at all in others. Within each block, duration against the fraction of it that a collective overlapped is a line
 ``d = d₀ (1 + k·f)``; :class:`InterferenceFit` fits one ``k`` per lane, pooled over blocks, ranks and iterations
 (each block against its own mean, so blocks of every size count alike), with its standard error.
 
@@ -48,7 +48,12 @@ _OUTLIER_MADS = 5.0
 class InterferenceFit:
     """Running samples (overlap fraction, duration) per block, and the pooled within-block fit per lane."""
 
-    blocks: dict[tuple[int, int, str], deque[tuple[float, float]]] = field(default_factory=dict)
+    blocks: dict[tuple[int, int, int, str], deque[tuple[float, float]]] = field(default_factory=dict)
+    """(rank, lane code, phase code, name) → its latest (overlap fraction, duration). A unit's forward and its
+    backward are two blocks: pooled as one, the forward never overlapped and the backward, about twice as long,
+    overlapped, the fit read the backward's own length as the collectives' doing (a transformer on 2 CPU ranks,
+    whose last layer's backward ran under its first bucket: k = 1.45 ± 0.02, which replayed 'perfect overlap' at
+    175 ms where a no-op comm hook's re-run took 198; every bundled recording read k = 0.4-1.2 so)."""
     _fitted: dict[str, Interference] = field(default_factory=dict)
     _since: int = 0
     """Iterations added since the last fit: refitted every :data:`REFIT_EVERY`, not per iteration."""
@@ -65,9 +70,9 @@ class InterferenceFit:
             keep = keep[:: -(-len(keep) // TASKS_PER_ITERATION)]
         self._since += 1
         lanes = t.lane_of[keep]
-        for e, lane in zip(keep.tolist(), lanes.tolist()):
+        for e, lane, phase in zip(keep.tolist(), lanes.tolist(), t.phase[keep].tolist()):
             r = int(t.rank_idx[e])
-            key = (dag.ranks[r], int(t.lane_code[lane]), t.source[r].name[int(t.src[e])])
+            key = (dag.ranks[r], int(t.lane_code[lane]), phase, t.source[r].name[int(t.src[e])])
             block = self.blocks.get(key)
             if block is None:
                 if len(self.blocks) >= MAX_BLOCKS:
@@ -84,7 +89,7 @@ class InterferenceFit:
 
     def _fit(self) -> dict[str, Interference]:
         by_lane: dict[int, list[tuple[F64, F64]]] = {}
-        for (_, lane, _), block in self.blocks.items():
+        for (_, lane, _, _), block in self.blocks.items():
             if len(block) >= 3:
                 arr = np.asarray(block)
                 by_lane.setdefault(lane, []).append((arr[:, 0], arr[:, 1]))
