@@ -15,7 +15,7 @@ Target (issue #26): each predicted gain within ±10 % of the measured (relative,
 within 1 point of step time where the measured gain is under 10 %; the advice's best change the truly best of
 those re-run in ≥ 90 % of the jobs.
 
-Run: ``flock /tmp/dagtop-bench.lock python benchmarks/validate_advice.py [--only JOB] [--rounds 1]``; prints the
+Run: ``flock /tmp/dagtop-bench.lock python benchmarks/validate_advice.py [--only 'JOB|JOB'] [--rounds 1]``; prints the
 table and writes it as JSON with ``--json FILE`` (dagtop's own cost beside it, ``FILE`` with ``.dagtop-on.json``).
 """
 
@@ -274,8 +274,8 @@ def against_default(table: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="run only the jobs whose name contains one of these "
-                                                       "comma-separated texts")
+    parser.add_argument("--only", default="", help="run only the jobs whose name contains one of these texts, "
+                                                       "separated by '|' (the names hold commas)")
     parser.add_argument("--blocks", type=int, default=30, help="blocks per arm in the re-run")
     parser.add_argument("--rounds", type=int, default=1, help="record, advise and re-run this many times per job")
     parser.add_argument("--json", default="", help="also write the rows here")
@@ -291,7 +291,7 @@ def main() -> None:
     advised: dict[tuple[str, int], str] = {}
     print(f"{'job':<24} {'candidate':<34} {'predicted':>9} {'measured':>9} {'spread':>13} {'error':>7} ok  best")
     linked = why_not_here("tc")
-    for n, job in enumerate(j for j in JOBS if any(part in j.name for part in args.only.split(","))):
+    for n, job in enumerate(j for j in JOBS if any(part in j.name for part in args.only.split("|"))):
         if job.link_mbit is not None and linked:
             print(f"{job.name:<24} not run: no second host beside this machine ({linked})", flush=True)
             continue

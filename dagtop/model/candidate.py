@@ -50,19 +50,24 @@ DOUBT: Mapping[Kind, str] = {
     Kind.SCALE_OUT: "not validated: the α-β fit is extrapolated to more ranks than ran, and the test machine's 2 "
                     "cores cannot run more ranks without measuring core sharing instead",
     Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
-    Kind.ACCUMULATION: "re-run on a 2-core CPU machine (2026-11-28, DDP's bucket copies and autograd's adds timed "
-                       "by the shim): within the target on three MLPs (+3.0, +2.1, +0.1 %); under-predicted by 12-14 "
-                       "% on 41 small layers, where dagtop's own cost (8-17 % of a step there) stays in every "
-                       "micro-batch replayed; over by 10.5 % on a transformer (×1.21 predicted, ×1.10 re-run)",
+    Kind.ACCUMULATION: "re-run on a 2-core CPU machine (2026-11-28, two runs): within the target on a transformer "
+                       "(-0.4, -0.9 %), an MLP pyramid (-5.0 %) and once each on a loader-bound and a CPU-hogged job "
+                       "(+4.9, +2.9 %; +13.8, +21.5 % in the other run); under-predicted by 13-14 % on an MLP of 14 "
+                       "layers and by 16-20 % on 41 small ones: their compute runs slower beside gloo's threads on "
+                       "the cores they share (k = 0.26 where one job toggled no_sync), which a job whose every step "
+                       "communicates cannot show, and on 41 small layers dagtop's own cost (11-15 % of a step) stays "
+                       "in every micro-batch replayed",
     Kind.BUCKETS: "re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error 4.3 %), "
                   "over by 11-12 % on MG-WFBP's grouping of tiny buckets and by 18 % for one bucket per layer (an "
                   "all-reduce's start-up cost varies with the load); DDP's default over one bucket per layer ×1.35 "
                   "predicted, ×1.59 re-run (×1.50 predicted, ×1.54 re-run before the shim stopped slowing them; ×1.18-1.35 "
-                  "predicted, ×1.28-1.45 re-run in 5 runs of 2026-11-28, 1 within 10 %); over a 1 "
+                  "predicted, ×1.28-1.45 re-run in 5 runs of 2026-11-28, 1 within 10 %; ×1.23 and ×1.12 predicted, ×1.46 "
+                  "and ×1.44 re-run in two more); over a 1 "
                   "Gbit/s link, MG-WFBP's grouping ×1.12 predicted twice, ×1.13 and ×1.10 re-run, then ×1.08 and "
                   "×1.05 predicted, ×1.08 and ×1.05 re-run",
     Kind.STRAGGLER: "on CPU cores the job shares, said as a lower bound: at least ×1.12 and ×1.05 predicted, ×1.61 and "
-                    "×1.65 re-run with the CPU hog stopped (2-core CPU machine at load 1-3, 2026-11-27); as a point it "
+                    "×1.65 re-run with the CPU hog stopped (2-core CPU machine at load 1-3, 2026-11-27; at least ×1.11 and "
+                    "×1.20 predicted, ×1.68 and ×1.66 re-run on 2026-11-28); as a point it "
                     "missed both ways (×1.51 predicted, ×1.29 re-run at load 13; ×1.26-×1.32, ×1.37-×1.40 before)",
     Kind.COMPRESSION: "not validated: the test machine has no GPU (on CPU ranks it is not advised: measured slower)",
 }
