@@ -278,9 +278,9 @@ def comm_on_shared_cores(shared: Mapping[int, CoHost]) -> str:
 
 ODD_SPEED_UP = 0.2
 """How much faster compute must run under collectives (−k) before the fit is taken for something else at work. A fit
-of k = −0.10 ± 0.01 came from an MLP of 18 layers with tiny buckets on 2 CPU ranks whose blocks ran, by the median
-of each block's runs with and without a collective in flight, 3 % faster (quartiles −7 % and 0 %): within what the
-fit's own confounds make of noise. It then applies no interference (k is floored at 0)."""
+of k = −0.10 ± 0.01 came from an MLP of 18 layers (DDP's default buckets) on 2 CPU ranks whose blocks ran, by the
+median of each block's runs with and without a collective in flight, 3 % faster (quartiles −7 % and 0 %): within
+what the fit's own confounds make of noise. It then applies no interference (k is floored at 0)."""
 
 
 def unexplained(fitted: Sequence[Interference]) -> str:
