@@ -12,7 +12,8 @@ stepping take turns every ``--block`` steps, the order rotated every round, so t
 * the same job with dagtop attached (``dagtop``), stepping synced, accumulating 4, and under ``no_sync``: one tracer
   a process, so one model toggled between the three.
 
-Prints each way's time per micro-batch (median and IQR), accumulation's throughput gain without and with dagtop, and
+Prints each way's time per micro-batch (median and IQR) and the training thread's CPU time in it
+(``time.thread_time_ns``), accumulation's throughput gain without and with dagtop, and
 the parts: dagtop's own cost per micro-batch, DDP's copies of the gradients into its buckets (``no-op hook`` less
 ``no_sync``; ``no_sync`` skips them) and the all-reduces (``base`` less ``no-op hook``).
 
@@ -23,6 +24,13 @@ Measured (stop 40, 2-core VM, load 1.2-1.5): default buckets, base 18.65 ms a mi
 of a ``no_sync`` micro-batch kept the bucket copies, which dagtop did not time, far more than its own cost. The shim
 now times them (the ``buckets`` frame's ``copy_ns``: 2.07 and 2.12 ms on the two ranks of a run that measured 2.25
 here), with autograd's adds of each micro-batch's gradients (``add_ns``), and the replay prices both.
+
+The training thread's CPU time (stop 42, load 0.9, 14 rounds): synced 11.79 ms of a 19.37-ms micro-batch, with a
+no-op hook 10.04 of 10.07, under ``no_sync`` 7.62 of 7.66. A step without communication is the thread's own work
+alone; a synced step's thread works 2.4 ms more on the copies and 1.75 ms more beside gloo, and is off the core or
+waiting 7.6 ms. What the advice's replay of a micro-batch under ``no_sync`` has to find is the 7.62: measured so on
+the training thread it would need no fit of compute's slow-down under collectives, which a job whose every step
+communicates cannot show (dagtop/model/interference.py).
 """
 
 from __future__ import annotations
@@ -74,29 +82,34 @@ def main() -> None:
         for _ in range(3):
             step_as(way)
     per_micro: dict[str, list[float]] = {name: [] for name, *_ in WAYS}
+    cpu_micro: dict[str, list[float]] = {name: [] for name, *_ in WAYS}
     for r in range(extra.rounds):
         for way in WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]:
-            last = time.perf_counter_ns()
+            last, last_cpu = time.perf_counter_ns(), time.thread_time_ns()
             for s in range(extra.block):
                 step_as(way)
-                now = time.perf_counter_ns()
+                now, now_cpu = time.perf_counter_ns(), time.thread_time_ns()
                 if s:
                     per_micro[way[0]].append((now - last) / 1e6 / way[2])
-                last = now
+                    cpu_micro[way[0]].append((now_cpu - last_cpu) / 1e6 / way[2])
+                last, last_cpu = now, now_cpu
     if rank == 0:
-        report(per_micro)
+        report(per_micro, cpu_micro)
         if extra.out:
-            Path(extra.out).write_text(json.dumps({"ms_per_micro_batch": per_micro, "load": os.getloadavg()}))
+            Path(extra.out).write_text(json.dumps({"ms_per_micro_batch": per_micro, "cpu_ms_per_micro_batch": cpu_micro,
+                                                   "load": os.getloadavg()}))
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # torch 2.13's gloo can hang freeing its process group (tests/jobs/common.py)
 
 
-def report(per_micro: dict[str, list[float]]) -> None:
+def report(per_micro: dict[str, list[float]], cpu_micro: dict[str, list[float]]) -> None:
     m = {name: statistics.median(xs) for name, xs in per_micro.items()}
     for name, xs in per_micro.items():
         q = statistics.quantiles(xs, n=4)
-        print(f"{name:<22} {m[name]:7.2f} ms a micro-batch (IQR {q[0]:.2f}-{q[2]:.2f}, {len(xs)} steps)")
+        cpu = statistics.median(cpu_micro[name])
+        print(f"{name:<22} {m[name]:7.2f} ms a micro-batch (IQR {q[0]:.2f}-{q[2]:.2f}, {len(xs)} steps); the "
+              f"training thread ran {cpu:.2f} ms of it")
     print(f"accumulating 4: ×{m['base'] / m['accumulate 4']:.3f} plain, "
           f"×{m['dagtop'] / m['dagtop, accumulate 4']:.3f} with dagtop attached")
     print(f"dagtop's own cost {m['dagtop'] - m['base']:.2f} ms synced, {m['dagtop, no_sync'] - m['no_sync']:.2f} ms "
