@@ -52,7 +52,8 @@ DOUBT: Mapping[Kind, str] = {
     Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
     Kind.ACCUMULATION: "re-run on a 2-core CPU machine (2026-11-28, two runs): within the target on a transformer "
                        "(-0.4, -0.9 %), an MLP pyramid (-5.0 %) and once each on a loader-bound and a CPU-hogged job "
-                       "(+4.9, +2.9 %; +13.8, +21.5 % in the other run); under-predicted by 13-14 % on an MLP of 14 "
+                       "(+4.9, +2.9 %), over elsewhere on those two (+13.8; +21.5, +16.6 %, not traced); "
+                       "under-predicted by 13-14 % on an MLP of 14 "
                        "layers and by 16-20 % on 41 small ones: their compute runs slower beside gloo's threads on "
                        "the cores they share (k = 0.26 where one job toggled no_sync), which a job whose every step "
                        "communicates cannot show, and on 41 small layers dagtop's own cost (11-15 % of a step) stays "
