@@ -323,8 +323,9 @@ def gradient_passes(ddp: Any, nbytes: int) -> tuple[int, int]:
 
     Timed as the same ops on the model's parameters (read, never written) into scratch buffers, up to
     :data:`COPY_SAMPLE_BYTES` of them (the fastest of three; 9-41 ms of the training thread once per bucket map on
-    the 2-core test machine, for 8 and 59 MB of gradients), scaled to ``nbytes``. (0, 0) on a GPU (kernels on the stream, microseconds) and where the timing fails (no memory for the
-    scratch): an estimate, never worth the training."""
+    the 2-core test machine, for 8 and 59 MB of gradients), scaled to ``nbytes``. (0, 0) on a GPU (kernels on the
+    stream, microseconds) and where the timing fails (no memory for the scratch): an estimate, never worth the
+    training."""
     if nbytes <= 0:
         return 0, 0
     try:

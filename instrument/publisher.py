@@ -106,9 +106,8 @@ class Publisher:
         self._auth = ""
         self.refused = 0
         """Handshakes the monitor refused (``--auth`` and a rank without the key, or with another)."""
-        self._buckets: tuple[tuple[Bucket, ...], tuple[tuple[int, ...], ...], int, int] | None = None
-        """The last bucket map (its parameters' bytes, DDP's copy and autograd's add times), sent again after every
-        hello."""
+        self._buckets: wire.Buckets | None = None
+        """The last bucket map (seq and sender filled in as it is sent), sent again after every hello."""
         self._telemetry: collections.deque[wire.Telemetry] = collections.deque(maxlen=1)
         """The newest telemetry sample not sent yet: one slot, a newer sample replaces it (state, not events)."""
         self._stop = threading.Event()
@@ -146,7 +145,8 @@ class Publisher:
                     copy_ns: int = 0, add_ns: int = 0) -> None:
         """The final bucket map (its parameters' bytes and the times of passes over the gradients, where known);
         sent now and again with every hello."""
-        self._queue.append(("buckets", (tuple(buckets), parameter_bytes, copy_ns, add_ns), None))
+        frame = wire.Buckets(0, self.rank, tuple(buckets), 0, parameter_bytes, copy_ns, add_ns)
+        self._queue.append(("buckets", frame, None))
         self._wake()
 
     def _wake(self) -> None:
@@ -244,8 +244,7 @@ class Publisher:
 
     def _send_buckets(self, sock: zmq.Socket[bytes]) -> None:
         assert self._buckets is not None
-        buckets, sizes, copy_ns, add_ns = self._buckets
-        self._send(sock, wire.encode(wire.Buckets(self.seq, self.rank, buckets, self.sender, sizes, copy_ns, add_ns)))
+        self._send(sock, wire.encode(dataclasses.replace(self._buckets, seq=self.seq, sender=self.sender)))
 
     def _send_heartbeat(self, sock: zmq.Socket[bytes]) -> None:
         assert self._where is not None

@@ -158,8 +158,8 @@ class Buckets(Header):
         key="param_bytes", check=_bytes_per_name))
     copy_ns: int = field(default=0, metadata=wire(AddedInt(), "ns a synced step of this rank spends in DDP's copies "
                                                               "of the gradients into these buckets and back, which "
-                                                              "`no_sync` skips (a copy timed at attach, CPU ranks "
-                                                              "only); 0 where not measured"))
+                                                              "`no_sync` skips (timed once per bucket map, CPU "
+                                                              "ranks only); 0 where not measured"))
     add_ns: int = field(default=0, metadata=wire(AddedInt(), "ns this rank takes to add a micro-batch's gradients "
                                                              "to those accumulated, which gradient accumulation "
                                                              "pays each micro-batch after the first (timed with "
