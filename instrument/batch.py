@@ -72,7 +72,9 @@ class TimedLoader:
             if tracer._on:
                 end = now()
                 tracer._main_task((category, phase, "next", "main", start, end, 0))
-                share.add(cpu() - used, end - start)
+                used = cpu() - used
+                share.add(used, end - start)
+                tracer._cpu[2] += used
             yield item
 
 

@@ -133,12 +133,13 @@ class Publisher:
 
     # ------------------------------------------------------------------ training thread
 
-    def put_iteration(self, iteration: int, events: list[RawEvent]) -> None:
-        """Hand one iteration's events over; never blocks, drops (and counts) when the queue is full."""
+    def put_iteration(self, iteration: int, events: list[RawEvent], cpu: wire.ThreadCpu | None = None) -> None:
+        """Hand one iteration's events (and the training thread's CPU times in it, on a CPU rank) over; never
+        blocks, drops (and counts) when the queue is full."""
         if len(self._queue) >= QUEUE_FRAMES:
             self.dropped_queue += 1
             return
-        self._queue.append(("iter", iteration, events))
+        self._queue.append(("iter", (iteration, cpu), events))
         self._wake()
 
     def put_buckets(self, buckets: list[Bucket], parameter_bytes: tuple[tuple[int, ...], ...] = (),
@@ -380,7 +381,8 @@ class Publisher:
                 events = resolved
             events = fill_spans(events)
             self._queue.popleft()
-            self.iterations = body + 1
-            self._send(sock, wire.encode_iteration(self.seq, self.rank, body, events, self.dropped, self.dropped_queue,
-                                                   self.sender))
+            iteration, cpu = body
+            self.iterations = iteration + 1
+            self._send(sock, wire.encode_iteration(self.seq, self.rank, iteration, events, self.dropped,
+                                                   self.dropped_queue, self.sender, cpu))
         return False

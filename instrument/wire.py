@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, NamedTuple
 
 import msgpack
 
@@ -52,7 +52,8 @@ from instrument.wire_fields import (
 )
 
 __all__ = ["CATEGORIES", "DEFAULT_ENDPOINT", "LANES", "PHASES", "WIRE_VERSION", "Buckets", "Bye", "Event",
-           "EventColumns", "Frame", "Heartbeat", "Hello", "IterationBatch", "Telemetry", "WireError",
+           "EventColumns", "Frame", "Heartbeat", "Hello", "IterationBatch", "Telemetry", "ThreadCpu",
+           "WireError",
            "decode", "encode", "encode_iteration"]
 
 WIRE_VERSION: Final = 2
@@ -127,6 +128,16 @@ class Hello(Header):
                           "that is not a DataLoader"))
 
 
+class ThreadCpu(NamedTuple):
+    """The training thread's CPU time over one iteration (``time.thread_time_ns``), and two parts of it."""
+
+    total_ns: int
+    update_ns: int
+    """The optimizer's step."""
+    load_ns: int
+    """The loader's ``next()``."""
+
+
 @dataclass(frozen=True, slots=True)
 class IterationBatch(Header):
     """All events of one rank for one iteration: one message per rank per iteration."""
@@ -140,6 +151,19 @@ class IterationBatch(Header):
     dropped: int = field(metadata=DROPPED)
     dropped_queue: int = field(default=0, metadata=DROPPED_QUEUE)
     sender: int = field(default=0, metadata=SENDER)
+    cpu_ns: int = field(default=0, metadata=wire(AddedInt(), "the training thread's CPU time over this iteration, "
+                                                             "from the previous one's end (`time.thread_time_ns`): "
+                                                             "what the advisor prices a step without its "
+                                                             "all-reduces from; CPU ranks only, 0 where not measured"))
+    update_cpu_ns: int = field(default=0, metadata=wire(AddedInt(), "of `cpu_ns`, the optimizer's step; 0 where "
+                                                                    "not measured"))
+    load_cpu_ns: int = field(default=0, metadata=wire(AddedInt(), "of `cpu_ns`, the loader's `next()` "
+                                                                  "(`tracer.loader`); 0 where not measured"))
+
+    @property
+    def thread_cpu(self) -> ThreadCpu | None:
+        """The training thread's CPU times, where the rank measured them."""
+        return ThreadCpu(self.cpu_ns, self.update_cpu_ns, self.load_cpu_ns) if self.cpu_ns else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +263,8 @@ _HEADER: Final = layout_of(Header).fields
 """``seq`` and ``rank``: every frame opens with them, after ``v`` and ``k``."""
 _ITER: Final = _LAYOUT[IterationBatch]
 # encode_iteration's keys, from the layout; unpacking fails at import if the frame gains or loses a field.
-_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER = (f.key for f in _LAYOUT[IterationBatch])
+_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER, _CPU, _UPDATE_CPU, _LOAD_CPU = (
+    f.key for f in _LAYOUT[IterationBatch])
 
 
 def _pack(obj: dict[str, Any]) -> bytes:
@@ -257,9 +282,10 @@ def encode(frame: Frame) -> bytes:
 
 def encode_iteration(
     seq: int, rank: int, iteration: int, events: Sequence[Event] | list[tuple[Any, ...]], dropped: int,
-    dropped_queue: int = 0, sender: int = 0,
+    dropped_queue: int = 0, sender: int = 0, cpu: ThreadCpu | None = None,
 ) -> bytes:
-    """Encode one rank's iteration; ``events`` may be plain 7-tuples (the shim's hot path).
+    """Encode one rank's iteration; ``events`` may be plain 7-tuples (the shim's hot path), ``cpu`` the training
+    thread's CPU times (:class:`ThreadCpu`) on a CPU rank.
 
     The same bytes as ``encode(IterationBatch(...))`` without building the frame (tests/test_wire_schema.py checks
     it): this runs once per iteration on every rank, with the keys taken from the layout.
@@ -270,6 +296,10 @@ def encode_iteration(
         m[_DROPPED_QUEUE] = dropped_queue
     if sender:
         m[_SENDER] = sender
+    if cpu is not None:
+        for key, ns in zip((_CPU, _UPDATE_CPU, _LOAD_CPU), cpu):
+            if ns:
+                m[key] = ns
     return _pack(m)
 
 

@@ -16,6 +16,8 @@ from instrument import wire
 pytestmark = pytest.mark.slow
 
 BLOCKS = ["stem", "block1", "block2", "block3", "pool", "head"]
+MS = 1_000_000
+"""Slack for reading the thread's CPU clock just after a task's end stamp, on a loaded machine."""
 MODEL = "DemoNet"
 
 
@@ -73,6 +75,16 @@ def test_every_complete_iteration_has_every_task_of_both_ranks(tmp_path: Path, e
                 assert {e.name: e.bytes for e in allreduce} == buckets, where
             update = phase["update"][0]
             assert all(e.end_ns <= update.start_ns for e in allreduce), where  # DDP waits for every bucket
+            # The training thread's CPU time (a CPU rank): its parts within it, none of it more than the wall clock.
+            cpu = batch.thread_cpu
+            assert cpu is not None and 0 < cpu.update_ns and 0 < cpu.load_ns and \
+                cpu.update_ns + cpu.load_ns < cpu.total_ns, where
+            assert cpu.update_ns <= update.end_ns - update.start_ns + MS, where
+            assert cpu.load_ns <= phase["load"][0].end_ns - phase["load"][0].start_ns + MS, where
+            before = by_iteration.get(it - 1, {}).get(rank)
+            if before is not None:  # from the last iteration's end to this one's, read just after its update
+                since = update.end_ns - max(e.end_ns for e in before.events if e.phase == "update")
+                assert cpu.total_ns <= since + MS, where
 
 
 def test_the_job_runs_to_the_end_with_no_monitor_listening(endpoint: str) -> None:

@@ -22,6 +22,9 @@ RUN_SHOWN_S = 60.0
 """The screen says a run began (a restart) for this long."""
 OTHER_JOB_SHOWN_S = 10.0
 """The screen says a second job publishes here for this long after its last frame."""
+THREAD_CPU_KEPT = 64
+"""Iterations whose training threads' CPU times are kept: the advice's window (:data:`dagtop.model.advice.WINDOW`)
+and the few iterations still pending after it."""
 
 
 class Pipeline:
@@ -47,6 +50,9 @@ class Pipeline:
         self._telemetry_shown: tuple[wire.Telemetry, ...] = ()
         self._buckets: dict[int, wire.Buckets] = {}
         """Each rank's latest bucket map (the advisor regroups it)."""
+        self._thread_cpu: dict[int, dict[int, wire.ThreadCpu]] = {}
+        """Iteration → rank → its training thread's CPU times, for the last :data:`THREAD_CPU_KEPT` iterations of CPU
+        ranks (the advisor prices a step without its all-reduces from them)."""
 
     # ------------------------------------------------------------------ feeding
 
@@ -62,11 +68,19 @@ class Pipeline:
                         self._clocks.hello(frame)
                     elif isinstance(frame, wire.IterationBatch):
                         self._completion.add(admitted, frame)
+                        if (cpu := frame.thread_cpu) is not None:
+                            self._keep_thread_cpu(frame.iteration, frame.rank, cpu)
                     elif isinstance(frame, wire.Buckets) and frame.buckets:
                         self._buckets[frame.rank] = frame
             self._completion.settle(self._admission.received_ns)
             self.liveness.tick(self._admission.received_ns)
             self._snapshot = None
+
+    def _keep_thread_cpu(self, iteration: int, rank: int, cpu: wire.ThreadCpu) -> None:
+        kept = self._thread_cpu
+        kept.setdefault(iteration, {})[rank] = cpu
+        while len(kept) > THREAD_CPU_KEPT:
+            del kept[min(kept)]
 
     def expire(self, now_ns: int) -> None:
         """Give up on iterations older than ``incomplete_after_s`` at monitor time ``now_ns`` (a quiet live job)."""
@@ -165,6 +179,7 @@ class Pipeline:
             runs=admission.jobs.run_infos(),
             job_line=self._job_line(),
             buckets=self._buckets[min(self._buckets)] if self._buckets else None,
+            thread_cpu=dict(self._thread_cpu),
         )
 
     def _job_line(self) -> str:

@@ -15,7 +15,7 @@ from dagtop.model.change import Change
 from dagtop.model.jobs import Losses, RunInfo
 from dagtop.model.liveness import LivenessView
 from dagtop.model.tasks import Tasks
-from instrument.wire import Buckets, Telemetry
+from instrument.wire import Buckets, Telemetry, ThreadCpu
 from instrument.wire_fields import Loader
 
 WARM_UP = 1
@@ -367,6 +367,9 @@ class Snapshot:
     buckets: Buckets | None = None
     """DDP's bucket map as the lowest rank that sent one has it (the same on every rank): which parameters, of how
     many bytes, each bucket holds. None before DDP rebuilt its buckets, or without DDP."""
+    thread_cpu: Mapping[int, Mapping[int, ThreadCpu]] = field(default_factory=dict)
+    """Iteration → rank → the training thread's CPU times in it, for the latest iterations of CPU ranks (empty for
+    GPU ranks and older shims)."""
 
     @property
     def latest(self) -> IterationAnalysis | None:
