@@ -16,7 +16,7 @@ what-if discards such traces too, OSDI'25), nor when the step drifted within the
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dagtop.model import verdict
@@ -26,7 +26,7 @@ from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets
 from dagtop.model.candidate import MAX_REPLAY_ERROR, MIN_GAIN, Candidate, Confidence, Kind, Window
 from dagtop.model.candidates import MAKERS
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
-from instrument.wire import Buckets, Telemetry
+from instrument.wire import Buckets, Telemetry, ThreadCpu
 
 __all__ = ["MAX_DRIFT", "MAX_REPLAY_ERROR", "MIN_GAIN", "WINDOW", "Advice", "Candidate", "Confidence", "Kind", "advise",
            "advise_snapshot", "window_of"]
@@ -110,8 +110,10 @@ def _counted(analyses: Sequence[IterationAnalysis]) -> list[IterationAnalysis]:
 
 
 def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = (), buckets: Buckets | None = None,
-           telemetry: Sequence[Telemetry] = ()) -> Advice:
-    """Every candidate over the steady window of ``analyses`` (oldest first)."""
+           telemetry: Sequence[Telemetry] = (), thread_cpu: Mapping[int, Mapping[int, ThreadCpu]] | None = None
+           ) -> Advice:
+    """Every candidate over the steady window of ``analyses`` (oldest first); ``thread_cpu``: iteration → rank →
+    the training thread's CPU times (:attr:`~dagtop.model.snapshot.Snapshot.thread_cpu`), where the ranks sent them."""
     counted = _counted(analyses)
     chosen = counted[-WINDOW:]
     needed = verdict.WINDOW
@@ -154,9 +156,11 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
             fitted = fit([o for b in shared for o in b.observed()], ranks_now)
             model = model_buckets(layout, shared, fitted) if fitted is not None else None
     copies, adds = (buckets.copy_ns / 1e6, buckets.add_ns / 1e6) if buckets is not None else (0.0, 0.0)
+    cpus = thread_cpu or {}
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
                tuple(backwards), layout, model, tuple(ranks), tuple(telemetry), copies_ms=copies, adds_ms=adds,
-               history=tuple(counted[-verdict.HISTORY:]))
+               history=tuple(counted[-verdict.HISTORY:]),
+               thread_cpu={a.iteration: cpus[a.iteration] for a in chosen if a.iteration in cpus})
     found = [c for make in MAKERS for c in make(w)]
     predicted = [c for c in found if c.confidence is not Confidence.WITHHELD]
     buying = {Kind.SCALE_OUT, Kind.NETWORK}
@@ -177,4 +181,4 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
 
 def advise_snapshot(snap: Snapshot) -> Advice:
     """:func:`advise` on everything a snapshot holds."""
-    return advise(snap.iterations, snap.ranks, snap.buckets, snap.telemetry)
+    return advise(snap.iterations, snap.ranks, snap.buckets, snap.telemetry, snap.thread_cpu)

@@ -18,7 +18,7 @@ def terms_of(options: object) -> CostTerms:
 
 def advice_of(snap: Snapshot, analyses: Sequence[IterationAnalysis], terms: CostTerms) -> tuple[Advice, FixOrBuy]:
     """The advice over ``analyses`` (a snapshot's, or a report's range), priced."""
-    advice = advise(analyses, snap.ranks, snap.buckets, snap.telemetry)
+    advice = advise(analyses, snap.ranks, snap.buckets, snap.telemetry, snap.thread_cpu)
     return advice, fix_or_buy(advice, analyses, snap.ranks, terms)
 
 

@@ -13,7 +13,7 @@ from dagtop.model.allreduce import AllReduce
 from dagtop.model.buckets import Backward, BucketModel, Layout
 from dagtop.model.label import Label
 from dagtop.model.snapshot import IterationAnalysis, RankInfo
-from instrument.wire import Telemetry
+from instrument.wire import Telemetry, ThreadCpu
 
 MIN_GAIN = 0.02
 """A change is worth naming when it predicts at least this much more throughput."""
@@ -50,14 +50,15 @@ DOUBT: Mapping[Kind, str] = {
     Kind.SCALE_OUT: "not validated: the α-β fit is extrapolated to more ranks than ran, and the test machine's 2 "
                     "cores cannot run more ranks without measuring core sharing instead",
     Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
-    Kind.ACCUMULATION: "re-run on a 2-core CPU machine (2026-11-28, two runs): within the target on a transformer "
-                       "(-0.4, -0.9 %), an MLP pyramid (-5.0 %) and once each on a loader-bound and a CPU-hogged job "
-                       "(+4.9, +2.9 %), over elsewhere on those two (+13.8; +21.5, +16.6 %, not traced); "
-                       "under-predicted by 13-14 % on an MLP of 14 "
-                       "layers and by 16-20 % on 41 small ones: their compute runs slower beside gloo's threads on "
-                       "the cores they share (k = 0.26 where one job toggled no_sync), which a job whose every step "
-                       "communicates cannot show, and on 41 small layers dagtop's own cost (11-15 % of a step) stays "
-                       "in every micro-batch replayed",
+    Kind.ACCUMULATION: ("priced from the training thread's CPU time and re-run on a 2-core CPU machine "
+                        "(2026-11-28, two runs): within the target on an MLP of 14 layers (-7.3, -6.7 %), an MLP "
+                        "pyramid (-2.6, -7.7 %), a loader-bound job (-1.3, -1.4 %), a CPU-hogged one (-0.6 %) and a "
+                        "transformer (+0.1 %; then -1.5 %, 1.6 points of a gain of 8-10 %, just outside); "
+                        "under-predicted by 13-18 % on an MLP of 41 small layers: there a synced step's own CPU work "
+                        "runs slower than under no_sync (its forward by 17 %, its update by 40 %, measured without "
+                        "dagtop), which no synced step shows, and dagtop's own cost (8-14 % of a step) weighs more in "
+                        "the faster micro-batches. Replayed from the wall clock instead (older shims), the MLPs were "
+                        "under by 13-20 % and the loader-bound and hogged jobs over by up to 22 %"),
     Kind.BUCKETS: "re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error 4.3 %), "
                   "over by 11-12 % on MG-WFBP's grouping of tiny buckets and by 18 % for one bucket per layer (an "
                   "all-reduce's start-up cost varies with the load); DDP's default over one bucket per layer ×1.35 "
@@ -161,6 +162,9 @@ class Window:
     history: tuple[IterationAnalysis, ...] = ()
     """The counted iterations up to the window's last (as many as the verdict reads), which the straggler test takes
     a window that lasts long enough from (:func:`dagtop.model.straggler.span`), as the live verdict does."""
+    thread_cpu: Mapping[int, Mapping[int, ThreadCpu]] = field(default_factory=dict)
+    """Iteration → rank → the training thread's CPU times in it, for the window's iterations the ranks measured
+    them in (CPU ranks)."""
 
     def predicted(self, per_iteration: Sequence[float], fit: tuple[float, float] | None = None,
                   base: Sequence[float] | None = None) -> tuple[float, float, tuple[float, float]]:
