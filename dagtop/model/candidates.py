@@ -76,7 +76,10 @@ def _buckets(w: Window) -> list[Candidate]:
     default = w.buckets.tried[0]
     # Groupings that rest on a latency the fit never saw (many buckets far smaller than any observed) are not advised.
     best = min((g for g in w.buckets.tried if not g.extrapolated), key=lambda g: g.median_ms, default=default)
-    if default.median_ms <= best.median_ms + margin:
+    # DDP's default is named where it is as good as the best, within what the advice errs, unless it is not as
+    # far ahead of the buckets now as the best is: then the best is advised, not a keep.
+    if default.median_ms <= best.median_ms + margin and (default.counts == w.layout.now
+                                                         or now - default.median_ms >= margin):
         best = default
     elif "bucket_cap_mb_list" in best.setting:
         uniform = min((g for g in w.buckets.tried[1:] if "bucket_cap_mb" in g.setting and not g.extrapolated),
