@@ -59,14 +59,14 @@ DOUBT: Mapping[Kind, str] = {
                         "dagtop), which no synced step shows, and dagtop's own cost (8-14 % of a step) weighs more in "
                         "the faster micro-batches. Replayed from the wall clock instead (older shims), the MLPs were "
                         "under by 13-20 % and the loader-bound and hogged jobs over by up to 22 %"),
-    Kind.BUCKETS: "re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error 4.3 %), "
-                  "over by 11-12 % on MG-WFBP's grouping of tiny buckets and by 18 % for one bucket per layer (an "
-                  "all-reduce's start-up cost varies with the load); DDP's default over one bucket per layer ×1.35 "
-                  "predicted, ×1.59 re-run (×1.50 predicted, ×1.54 re-run before the shim stopped slowing them; ×1.18-1.35 "
-                  "predicted, ×1.28-1.45 re-run in 5 runs of 2026-11-28, 1 within 10 %; ×1.23 and ×1.12 predicted, ×1.46 "
-                  "and ×1.44 re-run in two more); over a 1 "
-                  "Gbit/s link, MG-WFBP's grouping ×1.12 predicted twice, ×1.13 and ×1.10 re-run, then ×1.08 and "
-                  "×1.05 predicted, ×1.08 and ×1.05 re-run",
+    Kind.BUCKETS: ("re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error "
+                   "4.3 %), over by 11-12 % on MG-WFBP's grouping of tiny buckets and by 18 % for one bucket per layer "
+                   "(an all-reduce's start-up cost varies with the load). DDP's default over one bucket per layer: "
+                   "under in most runs, ×1.12-1.50 predicted, ×1.28-1.59 re-run in 11 runs of 2026-11-27/28, 3 within "
+                   "10 % (×1.34 predicted, ×1.41 re-run in the last). MG-WFBP's grouping of tiny buckets ×1.15 "
+                   "predicted, ×1.16 re-run, but DDP's default, predicted 10.5 % slower than it, re-ran ×1.19. Over a "
+                   "1 Gbit/s link, MG-WFBP's grouping ×1.12 predicted twice, ×1.13 and ×1.10 re-run, then ×1.08 and "
+                   "×1.05 predicted, ×1.08 and ×1.05 re-run"),
     Kind.STRAGGLER: "on CPU cores the job shares, said as a lower bound: at least ×1.12 and ×1.05 predicted, ×1.61 and "
                     "×1.65 re-run with the CPU hog stopped (2-core CPU machine at load 1-3, 2026-11-27; at least ×1.11 and "
                     "×1.20 predicted, ×1.68 and ×1.66 re-run on 2026-11-28); as a point it "
