@@ -55,8 +55,8 @@ DOUBT: Mapping[Kind, str] = {
                         "pyramid (-2.6, -7.7 %), a loader-bound job (-1.3, -1.4 %), a CPU-hogged one (-0.6 %) and a "
                         "transformer (+0.1 %; then -1.5 %, 1.6 points of a gain of 8-10 %, just outside); "
                         "under-predicted by 13-18 % on an MLP of 41 small layers: there a synced step's own CPU work "
-                        "runs slower than under no_sync (its forward by 17 %, its update by 40 %, measured without "
-                        "dagtop), which no synced step shows, and dagtop's own cost (8-14 % of a step) weighs more in "
+                        "runs slower than under no_sync (its forward's CPU time by 21-24 %, its update's by 33-38 %, "
+                        "without dagtop: benchmarks/synced_cpu.py), which no synced step shows, and dagtop's own cost (8-14 % of a step) weighs more in "
                         "the faster micro-batches. Replayed from the wall clock instead (older shims), the MLPs were "
                         "under by 13-20 % and the loader-bound and hogged jobs over by up to 22 %"),
     Kind.BUCKETS: ("re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error "
