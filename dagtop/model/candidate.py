@@ -53,10 +53,11 @@ DOUBT: Mapping[Kind, str] = {
     Kind.ACCUMULATION: ("priced from the training thread's CPU time and re-run on a 2-core CPU machine "
                         "(2026-11-28, two runs): within the target on an MLP of 14 layers (-7.3, -6.7 %), an MLP "
                         "pyramid (-2.6, -7.7 %), a loader-bound job (-1.3, -1.4 %), a CPU-hogged one (-0.6 %) and a "
-                        "transformer (+0.1 %; then -1.5 %, 1.6 points of a gain of 8-10 %, just outside); "
+                        "transformer (+0.1 %; then -1.5 %, 1.6 points of a gain of 8-10 %, just outside), and on a "
+                        "Lightning Trainer job not written for it (+2.3 % against 4 paired re-runs); "
                         "under-predicted by 13-18 % on an MLP of 41 small layers: there a synced step's own CPU work "
                         "runs slower than under no_sync (its forward's CPU time by 21-24 %, its update's by 33-38 %, "
-                        "without dagtop: benchmarks/synced_cpu.py), which no synced step shows, and dagtop's own cost (8-14 % of a step) weighs more in "
+                        "without dagtop: benchmarks/synced_cpu.py), which no synced step shows, and dagtop's own cost (11-14 % of a step) weighs more in "
                         "the faster micro-batches. Replayed from the wall clock instead (older shims), the MLPs were "
                         "under by 13-20 % and the loader-bound and hogged jobs over by up to 22 %"),
     Kind.BUCKETS: ("re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error "
