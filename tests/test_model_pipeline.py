@@ -133,3 +133,26 @@ def test_clock_offset_of_another_host_is_estimated_from_collective_ends() -> Non
         assert b.measured_ms == pytest.approx(a.measured_ms, rel=1e-3)
         assert b.straggler is not None and a.straggler is not None and b.straggler.rank == a.straggler.rank == 3
         assert b.bottleneck == a.bottleneck
+
+
+def test_the_training_threads_cpu_times_are_kept_for_the_latest_iterations_of_the_ranks_that_send_them() -> None:
+    """A CPU rank's iteration frame carries its training thread's CPU times: the snapshot holds them by iteration and
+    rank for the last THREAD_CPU_KEPT iterations (the advice's window and a margin), and nothing for a rank that
+    sends none (a GPU rank, an older shim)."""
+    from dagtop.model.advice import WINDOW
+    from dagtop.model.pipeline import THREAD_CPU_KEPT
+
+    iterations = THREAD_CPU_KEPT + 30
+    frames = []
+    for raw in job_frames(iterations=iterations):
+        frame = wire.decode(raw.payload)
+        if isinstance(frame, wire.IterationBatch) and frame.rank == 0:
+            frame = dataclasses.replace(frame, cpu_ns=10_000 + frame.iteration, update_cpu_ns=2, load_cpu_ns=1)
+            raw = RawFrame(raw.received_ns, wire.encode(frame))
+        frames.append(raw)
+    p = Pipeline(window=None)
+    p.feed(frames)
+    kept = p.snapshot().thread_cpu
+    assert WINDOW < THREAD_CPU_KEPT
+    assert sorted(kept) == list(range(iterations - THREAD_CPU_KEPT, iterations))
+    assert all(set(by_rank) == {0} and by_rank[0] == wire.ThreadCpu(10_000 + it, 2, 1) for it, by_rank in kept.items())
