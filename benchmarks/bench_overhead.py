@@ -248,10 +248,10 @@ def per_event_cost(layers: int = 100, blocks: int = 30, steps: int = 20,
         if mode == "dagtop":
             put = tracer._publisher.put_iteration
 
-            def counting(iteration: int, events: list[tuple[Any, ...]]) -> None:
+            def counting(iteration: int, events: list[tuple[Any, ...]], cpu: Any = None) -> None:
                 counted.append(len(events))
                 published[:] = events
-                put(iteration, events)
+                put(iteration, events, cpu)
 
             tracer._publisher.put_iteration = counting
         times = []
