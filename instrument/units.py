@@ -50,6 +50,9 @@ def block_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
 
     Descends while there is exactly one child, and into a child that holds most of the parameters
     (``DOMINANT_SHARE``), keeping that child's siblings as blocks. Never descends into a compiled module.
+    A leaf without parameters (an activation, dropout, pooling between the layers of an ``nn.Sequential``) is
+    no block: its work falls between the blocks, into the model's own time (instrument/spans.py), and its hooks
+    cost without telling anything the layers beside it do not (41 ReLUs: 15 % of dagtop's cost on a 41-layer MLP).
     """
     names = {id(m): n for n, m in root.named_modules()}
     node = root
@@ -68,7 +71,8 @@ def block_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
             break
         at = children.index(dominant)
         node, children = dominant, children[:at] + _called_children(dominant) + children[at + 1:]
-    return [(names[id(c)], c) for c in children]
+    timed = [c for c in children if _param_count(c) or _called_children(c)]
+    return [(names[id(c)], c) for c in timed or children]
 
 
 def layer_units(root: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -87,7 +87,8 @@ def test_without_ddp_a_skipped_step_ends_the_iteration_at_the_next_forward(
     assert sorted(batches) == list(range(5))
     for it, batch in batches.items():
         phases = _phases(batch)
-        assert phases["load"] == 2 and phases["forward"] == 2 * 3 and phases["backward"] == 2 * 3, (it, phases)
+        # two micro-batches of two blocks (the ReLU is none)
+        assert phases["load"] == 2 and phases["forward"] == 2 * 2 and phases["backward"] == 2 * 2, (it, phases)
         assert phases["update"] == (0 if it == 2 else 1), (it, phases)
         loads = [e for e in batch.events if e.phase == "load"]
         assert max(e.end_ns for e in batch.events) <= min(e.start_ns for e in batches.get(it + 1, batch).events) \

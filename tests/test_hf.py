@@ -29,9 +29,9 @@ from instrument.hf import DagtopCallback, ShardCopies, TimedBatches
 
 STEPS, MICRO = 6, 2
 """Optimizer steps, and micro-batches per step (tests/jobs/hf_trainer.py's gradient accumulation)."""
-BLOCKS = ["transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h.0", "transformer.h.1",
-          "transformer.ln_f", "lm_head"]
-"""GPT2LMHeadModel opened up: its transformer's called children, one block per layer, beside the head."""
+BLOCKS = ["transformer.wte", "transformer.wpe", "transformer.h.0", "transformer.h.1", "transformer.ln_f", "lm_head"]
+"""GPT2LMHeadModel opened up: its transformer's called children, one block per layer, beside the head; not its
+dropout, a leaf without parameters."""
 LOAD, COPY = ("io", "load", "next"), ("pcie", "h2d", "to_device")
 
 
