@@ -74,7 +74,8 @@ class TimedLoader:
                 tracer._main_task((category, phase, "next", "main", start, end, 0))
                 used = cpu() - used
                 share.add(used, end - start)
-                tracer._cpu[2] += used
+                if tracer._cpu is not None:
+                    tracer._cpu.load += used
             yield item
 
 

@@ -25,6 +25,23 @@ if TYPE_CHECKING:
     from instrument.timerset import TimerSet
 
 
+class ThreadCpuCount:
+    """The training thread's CPU time (``time.thread_time_ns``) in the iteration under way: since its start, in
+    its updates and in its loader's ``next()`` (:class:`~instrument.wire.ThreadCpu`'s parts)."""
+
+    __slots__ = ("load", "since", "update")
+
+    def __init__(self) -> None:
+        self.since, self.update, self.load = time.thread_time_ns(), 0, 0
+
+    def spent(self) -> ThreadCpu:
+        """The iteration ending now; the count starts over for the next."""
+        now = time.thread_time_ns()
+        spent = ThreadCpu(now - self.since, self.update, self.load)
+        self.since, self.update, self.load = now, 0, 0
+        return spent
+
+
 class IterationHooks:
     """What :class:`~instrument.tracer.Tracer` runs at the edges of an iteration; the tracer builds the collaborators
     declared here (``_install``) and registers these hooks."""
@@ -38,11 +55,9 @@ class IterationHooks:
     _boundary: IterationBoundary
     _update_starts: dict[str, Moment]
     """Optimizer step → when its update began (a stamp: ns, or a CUDA event), while it runs."""
-    _thread_cpu: Callable[[], int] | None
-    """``time.thread_time_ns`` on a CPU rank (its work is the training thread's), None on a device."""
-    _cpu: list[int]
-    """The training thread's CPU ns at the last iteration's end, in this iteration's updates and in its loader's
-    ``next()`` (:class:`~instrument.wire.ThreadCpu`'s parts), on a CPU rank."""
+    _cpu: ThreadCpuCount | None
+    """The training thread's CPU time in the iteration under way, on a CPU rank (its work is the training
+    thread's); None on a device."""
     _update_cpu_starts: dict[str, int]
     _stamp: Stamp
     _lane: str
@@ -119,8 +134,8 @@ class IterationHooks:
     def _update_began(self, name: str) -> None:
         self._backward_over()
         self._update_starts[name] = self._stamp()
-        if self._thread_cpu is not None:
-            self._update_cpu_starts[name] = self._thread_cpu()
+        if self._cpu is not None:
+            self._update_cpu_starts[name] = time.thread_time_ns()
 
     def _step_ended(self, name: str) -> Callable[..., None]:
         def step_ended(optimizer: torch.optim.Optimizer, args: Args, kwargs: Kwargs) -> None:
@@ -128,8 +143,8 @@ class IterationHooks:
             if start is not None:
                 self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))
             cpu_start = self._update_cpu_starts.pop(name, None)
-            if cpu_start is not None and self._thread_cpu is not None:
-                self._cpu[1] += self._thread_cpu() - cpu_start
+            if cpu_start is not None and self._cpu is not None:
+                self._cpu.update += time.thread_time_ns() - cpu_start
             self._boundary.step_ended()
 
         return self._guard(step_ended)
@@ -186,7 +201,7 @@ class IterationHooks:
             del events[count:]
             batch = events[:cut] + flushed
             del events[:cut]
-        self._publisher.put_iteration(self.iteration, batch, self._thread_cpu_spent())
+        self._publisher.put_iteration(self.iteration, batch, None if self._cpu is None else self._cpu.spent())
         self.iteration += 1
         self._after_iteration()
         detailed = self._detailed(self.iteration)
@@ -194,15 +209,6 @@ class IterationHooks:
             self._switch_units(detailed)
         if not self._publisher.alive:
             raise RuntimeError("the publisher thread stopped")
-
-    def _thread_cpu_spent(self) -> ThreadCpu | None:
-        """The training thread's CPU times over the iteration now ending, and the count started for the next."""
-        if self._thread_cpu is None:
-            return None
-        cpu, now = self._cpu, self._thread_cpu()
-        spent = ThreadCpu(now - cpu[0], cpu[1], cpu[2])
-        cpu[:] = [now, 0, 0]
-        return spent
 
     def _after_iteration(self) -> None:
         if self._comm is not None:

@@ -25,7 +25,7 @@ from instrument.events import COPY, RawEvent
 from instrument.identity import job_identity
 from instrument.probe import Switch
 from instrument.ranktracer import Closing, Granularity
-from instrument.steps import IterationHooks
+from instrument.steps import IterationHooks, ThreadCpuCount
 from instrument.whereabouts import Whereabouts
 from instrument.wire_fields import MAX_NAME_CHARS, Loader
 from instrument.wiring import as_device, is_cuda, optimizers, time_collectives, wire_models
@@ -97,7 +97,7 @@ class Tracer(IterationHooks, Closing):
         self._telemetry: TelemetryThread | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
         self._update_starts = {}
-        self._thread_cpu, self._cpu, self._update_cpu_starts = None, [0, 0, 0], {}
+        self._cpu, self._update_cpu_starts = None, {}
         self._loading: int | None = None
         """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
         self._loader_said: Loader | None = None
@@ -131,8 +131,7 @@ class Tracer(IterationHooks, Closing):
         self._stamp, self._lane, self._guard = models.stamp, models.lane, models.probe.guard
         self._polled = models.probe.polled
         if self.device.type == "cpu":
-            self._thread_cpu = time.thread_time_ns
-            self._cpu[0] = time.thread_time_ns()
+            self._cpu = ThreadCpuCount()
         self._blocks, self._layers = models.blocks, models.layers
         self._detailed_now = False
         self._switch_units(self._detailed(0))
