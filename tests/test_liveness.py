@@ -15,7 +15,8 @@ from test_ui_helpers import fake_telemetry, wait_loaded
 from dagtop.io.recording import RecordingWriter
 from dagtop.io.sources import RecordingSource
 from dagtop.model.frames import RawFrame
-from dagtop.model.liveness import Holder, Liveness, LivenessView, OpenTask, Restart, pid_alive, ranks_text
+from dagtop.model.liveness import Liveness, pid_alive
+from dagtop.model.liveness_view import Holder, LivenessView, OpenTask, Restart, ranks_text
 from dagtop.model.pipeline import Pipeline
 from dagtop.ui.app import make_app
 from dagtop.ui.widgets.verdict import Verdict

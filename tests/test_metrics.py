@@ -23,7 +23,7 @@ from dagtop.demo.launch import free_endpoint, free_port
 from dagtop.exits import Exit
 from dagtop.interop.metrics import MetricsServer
 from dagtop.io.recording import read_recording
-from dagtop.model.liveness import LivenessView
+from dagtop.model.liveness_view import LivenessView
 from dagtop.model.pipeline import Pipeline
 
 FIXTURES = Path(__file__).parent.parent / "dagtop" / "fixtures"

@@ -18,7 +18,7 @@ from helpers.waits import JOB_WAIT_S
 
 from dagtop.demo.launch import DemoJob, free_port
 from dagtop.io.recording import read_recording
-from dagtop.model.liveness import LivenessView
+from dagtop.model.liveness_view import LivenessView
 from dagtop.model.pipeline import Pipeline
 from instrument import wire
 

@@ -11,7 +11,7 @@ from test_ui_helpers import snapshot_of, two_rank_iteration
 
 from dagtop.io.telemetry import GpuSample, TelemetrySample
 from dagtop.model.change import Change
-from dagtop.model.liveness import LivenessView
+from dagtop.model.liveness_view import LivenessView
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import RankRow, SteadyStraggler, SteadyVerdict, Straggler, WhatIf
 from dagtop.model.synthetic import SyntheticJob, synthetic_frames

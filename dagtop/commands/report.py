@@ -15,7 +15,7 @@ from dagtop.exits import Exit
 from dagtop.io.folded import load
 from dagtop.io.recording import RecordingError, read_notes
 from dagtop.model.advice_text import advice_of, terms_of
-from dagtop.model.liveness import Holder, OpenTask, Stall, ranks_text, state_of, where
+from dagtop.model.liveness_view import Holder, OpenTask, Stall, ranks_text, state_of, where
 from dagtop.model.pipeline import Pipeline
 from dagtop.model.snapshot import IterationAnalysis
 from dagtop.model.straggler import LONGEST, SPAN_S

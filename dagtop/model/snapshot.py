@@ -13,7 +13,7 @@ from typing import Final, NamedTuple
 
 from dagtop.model.change import Change
 from dagtop.model.jobs import Losses, RunInfo
-from dagtop.model.liveness import LivenessView
+from dagtop.model.liveness_view import LivenessView
 from dagtop.model.tasks import Tasks
 from instrument.wire import Buckets, Telemetry, ThreadCpu
 from instrument.wire_fields import Loader
