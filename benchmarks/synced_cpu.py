@@ -8,7 +8,7 @@ loader's ``next()``, the forward with the loss, ``backward()``, the optimizer's 
 wall time and the training thread's CPU time (``time.thread_time_ns``).
 
 What it is for: gradient accumulation's advice prices a micro-batch under ``no_sync`` from a synced step's CPU time
-(dagtop/model/candidates.py). Where a synced step's own CPU work is slower than under ``no_sync`` even in phases no
+(dagtop/model/volume.py). Where a synced step's own CPU work is slower than under ``no_sync`` even in phases no
 collective runs in, no measurement of synced steps shows it, and the advice under-predicts the gain.
 
 Measured (2026-11-28, this 2-core VM, load 1.0-1.4), rank 0, synced against no_sync, wall/CPU ms: forward

@@ -11,6 +11,7 @@ from typing import Any
 
 from dagtop.model.allreduce import AllReduce
 from dagtop.model.buckets import Backward, BucketModel, Layout
+from dagtop.model.change import Change
 from dagtop.model.label import Label
 from dagtop.model.snapshot import IterationAnalysis, RankInfo
 from instrument.wire import Telemetry, ThreadCpu
@@ -182,6 +183,14 @@ class Window:
             lo, hi = min(lo, *fit), max(hi, *fit)
         scale = self.step_ms / identity if identity > 0 else 1.0
         return speedup, self.step_ms / speedup, (lo * scale, hi * scale)
+
+    def unpredictable(self, change: Change) -> str:
+        """Why the newest iteration's ``change`` could not be predicted (the what-if's reason), empty if it could."""
+        for a in reversed(self.analyses):
+            x = next((x for x in a.what_if if x.change is change), None)
+            if x is not None:
+                return x.unpredictable
+        return ""
 
 
 def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
