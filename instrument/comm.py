@@ -41,7 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from instrument.events import COLLECTIVE, SYNC_ON_MAIN
+from instrument.events import COLLECTIVE
+from instrument.passes import gradient_passes
 from instrument.polled import Polled
 from instrument.probe import Moment, Probe
 from instrument.teardown import Held, Pending, restash_context, unstash_context
@@ -51,7 +52,6 @@ _work_from_future: Callable[[Any], Any] | None = getattr(torch._C._distributed_c
 """torch's C++ ``Work`` around a future (private, not in the stubs); on a GPU, a torch without it leaves the buckets
 untimed (:class:`BucketTimer` refuses to start, attach warns) rather than failing the shim's import."""
 
-_compiling = torch.compiler.is_compiling
 _graph_task_id = torch._C._current_graph_task_id
 
 Handover = Callable[[Any], Any]
@@ -309,66 +309,6 @@ class BucketTimer:
         return [Bucket(i, sizes[i][0], tuple(n for n, _ in names[k])) for k, i in enumerate(sorted(sizes))]
 
 
-COPY_SAMPLE_BYTES = 16 << 20
-"""Bytes of parameters :func:`gradient_passes` times DDP's passes over, at most."""
-
-
-def gradient_passes(ddp: Any, nbytes: int) -> tuple[int, int]:
-    """(copies, adds), ns: what a step of a CPU rank spends in passes over its ``nbytes`` of gradients that
-    gradient accumulation changes. *copies*: DDP's copy of each gradient into its bucket (multiplied by 1/world size
-    on the way) and, once reduced, back into the gradient, two small ops per parameter on the training thread, which
-    ``no_sync`` skips (none with ``gradient_as_bucket_view``: the gradients are the buckets). *adds*: autograd adding
-    a micro-batch's gradient to those accumulated, one op per parameter, which every micro-batch after the first
-    pays (a step after ``zero_grad`` takes its gradients as they come).
-
-    Timed as the same ops on the model's parameters (read, never written) into scratch buffers, up to
-    :data:`COPY_SAMPLE_BYTES` of them (the fastest of three; 9-41 ms of the training thread once per bucket map on
-    the 2-core test machine, for 8 and 59 MB of gradients), scaled to ``nbytes``. (0, 0) on a GPU (kernels on the
-    stream, microseconds) and where the timing fails (no memory for the scratch): an estimate, never worth the
-    training."""
-    if nbytes <= 0:
-        return 0, 0
-    try:
-        params = [p.detach() for p in ddp.module.parameters() if p.requires_grad]
-        if not params or params[0].device.type != "cpu":
-            return 0, 0
-        dtype, taken, total = params[0].dtype, [], 0
-        for p in params:
-            if p.dtype == dtype and total < COPY_SAMPLE_BYTES:
-                taken.append(p)
-                total += p.numel() * p.element_size()
-        elements = sum(p.numel() for p in taken)
-        bucket, back = torch.empty(elements, dtype=dtype), torch.zeros(elements, dtype=dtype)
-        views: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # a parameter, its bucket view, its "grad"
-        at = 0
-        for p in taken:
-            views.append((p, bucket[at:at + p.numel()].view_as(p), back[at:at + p.numel()].view_as(p)))
-            at += p.numel()
-        scale = 1.0 / max(dist.get_world_size(ddp.process_group), 1) if dist.is_initialized() else 1.0
-
-        def copies() -> None:
-            for p, view, _ in views:
-                torch.mul(p, scale, out=view)
-            for _, view, grad in views:
-                grad.copy_(view)
-
-        def adds() -> None:
-            for p, _, grad in views:
-                grad.add_(p)
-
-        copy_ns = 0 if getattr(ddp, "gradient_as_bucket_view", False) else min(_timed(copies) for _ in range(3))
-        add_ns = min(_timed(adds) for _ in range(3))
-    except Exception:  # noqa: BLE001 - the shim never takes training down
-        return 0, 0
-    return copy_ns * nbytes // max(total, 1), add_ns * nbytes // max(total, 1)
-
-
-def _timed(work: Callable[[], object]) -> int:
-    start = time.perf_counter_ns()
-    work()
-    return time.perf_counter_ns() - start
-
-
 def _bucket_names(ddp: Any, buckets: list[tuple[int, torch.dtype]]) -> list[tuple[tuple[str, int], ...]]:
     """The parameters of each bucket with their bytes, in DDP's order: the order gradients became ready in the last
     iteration (which the reducer rebuilt its buckets to), cut at each bucket's bytes; else DDP's initial order
@@ -408,36 +348,3 @@ def _cut(order: list[int], params: list[tuple[str, torch.nn.Parameter]],
             return None
         names.append(tuple(taken))
     return names if at == len(order) else None
-
-
-def time_buffer_sync(
-    ddp: torch.nn.parallel.DistributedDataParallel,
-    probe: Probe,
-) -> bool:
-    """Time DDP's buffer broadcast (``broadcast_buffers=True``, the default) before each forward.
-
-    It is a collective on the training thread: a straggler's wait lands here first, outside every block,
-    so leaving it untimed would hide it. Reported as ``SYNC_ON_MAIN`` "ddp.sync_buffers" on the probe's lane (the
-tracer's ``main``, stamped with ``perf_counter_ns``).
-    Relies on the private ``DistributedDataParallel._sync_buffers`` (torch 1.12 to 2.13); without it,
-    nothing is timed and False is returned.
-    """
-    sync = getattr(ddp, "_sync_buffers", None)
-    if sync is None or not getattr(ddp, "broadcast_buffers", False):
-        return False
-    size = sum(b.numel() * b.element_size() for b in ddp.module.buffers())
-    if size == 0:
-        return False
-    switch, stamp, ended = probe.switch, probe.stamp, probe.ended
-
-    def timed_sync_buffers(*args: Any, **kwargs: Any) -> Any:
-        # Under torch.compile(DDP(m)) this runs inside the traced forward: a timestamp there is a graph break.
-        if not switch.on or _compiling():
-            return sync(*args, **kwargs)
-        start = stamp()
-        result = sync(*args, **kwargs)
-        ended(SYNC_ON_MAIN, "ddp.sync_buffers", start, size)
-        return result
-
-    ddp._sync_buffers = timed_sync_buffers  # type: ignore[method-assign]
-    return True

@@ -158,7 +158,8 @@ def time_collectives(ddp: torch.nn.parallel.DistributedDataParallel | None, modu
     if ddp is not None:
         import time
 
-        from instrument.comm import BucketTimer, time_buffer_sync
+        from instrument.buffer_sync import time_buffer_sync
+        from instrument.comm import BucketTimer
 
         time_buffer_sync(ddp, probe.on_lane("main", time.perf_counter_ns))
         try:

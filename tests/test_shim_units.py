@@ -290,7 +290,7 @@ def test_the_heartbeat_says_what_its_task_is_beside_its_name() -> None:
 
 
 def test_ddps_bucket_copies_and_the_accumulating_adds_are_timed_on_cpu_ranks() -> None:
-    from instrument.comm import gradient_passes
+    from instrument.passes import gradient_passes
     model = nn.Linear(256, 256)
     copies, adds = gradient_passes(SimpleNamespace(module=model, gradient_as_bucket_view=False), 64 << 20)
     assert copies > 0 and adds > 0
