@@ -14,7 +14,7 @@ rank's bucket-ready point; they start at the latest ready time, after the previo
 comm channel unless the observation shows them running concurrently. The update waits for the last ones.
 FSDP's collectives (named ``all-gather …``, ``reduce-scatter …``) also gate the compute that follows them: the
 rank's compute lane is cut again where one ends, the idle wait left out of the lanes, and the stretch after
-the cut waits for the collective (:func:`_gather_cuts`).
+the cut waits for the collective (:func:`~dagtop.model.gather_cuts.gather_cuts`).
 
 Node ids. Rank by rank (in rank order): the rank's ORIGIN, then its RUNs lane by lane (lanes in the table's
 order: copy, gpu, main) and in time order within a lane; after every rank, the COLLECTIVEs in the order of their
@@ -60,18 +60,13 @@ import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
+from dagtop.model.gather_cuts import disjoint, gather_cuts
+from dagtop.model.levels import level_plan, levels
 from dagtop.model.table import F64, I64, EventTable, build_table, run_starts
-from instrument.events import CATEGORIES, CATEGORY_CODE, PHASE_CODE, SCRIPT, CollectiveKind, Event, collective_kind
+from instrument.events import CATEGORIES, CATEGORY_CODE, PHASE_CODE, SCRIPT, Event
 
 ALLREDUCE = CATEGORY_CODE["allreduce"]
 """Column of the collectives' time in every per-category array."""
-
-GATHER_KINDS = {CollectiveKind.ALL_GATHER: True, CollectiveKind.REDUCE_SCATTER: False, CollectiveKind.ALL_REDUCE: False}
-"""FSDP's collectives (instrument/fsdp.py), by their kind (:func:`instrument.events.collective_kind`): True, the rank's compute always waits
-for it (an all-gather brings the unit's parameters); False, only where the rank's compute lane was idle while it
-ran (a reduce-scatter, or HSDP's all-reduce, that held the training thread). Other collectives (DDP's buckets)
-gate only the update. The script's own collectives (``all_reduce (script)``, instrument/collectives.py) gate like a
-reduce-scatter: the training thread that called them waits for them, unless it went on (``async_op=True``)."""
 
 ORIGIN, RUN, COLLECTIVE = 0, 1, 2
 """Node kinds: a rank's fixed start, a contracted stretch of one lane, a collective across ranks."""
@@ -92,7 +87,7 @@ class CollectiveObs:
     gate: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Rank → (the node of its compute lane that waits for this collective, that node's start), where it does:
     every rank of an FSDP all-gather (the unit computes with the gathered parameters), the ranks a reduce-scatter
-    held (:data:`GATHER_KINDS`). Empty for DDP's buckets."""
+    held (:data:`~dagtop.model.gather_cuts.GATHER_KINDS`). Empty for DDP's buckets."""
     node: int = -1
     start_ns: int = 0
     end_ns: int = 0
@@ -225,13 +220,13 @@ def assemble(
     before = np.unique(np.concatenate([upd[upd >= 0], cross_dst, cross_src + 1]))
     before = before[before < len(t.start)]
     before = before[before > t.lane_lo[t.lane_of[before]]]  # never before a lane's first task
-    g_idx, g_lane, g_left, g_right = _gather_cuts(t, with_lanes, c_rank, marker_lane, ready, c_end, c_hi)
+    g_idx, g_lane, g_left, g_right = gather_cuts(t, with_lanes, c_rank, marker_lane, ready, c_end, c_hi)
     cut_lane = np.concatenate([marker_lane[c_rank], t.lane_of[before], g_lane]).astype(np.int64)
     cut_left = np.concatenate([ready, t.end[before - 1], g_left])
     cut_right = np.concatenate([ready, t.start[before], g_right])
     order = np.lexsort((cut_right, cut_left, cut_lane))
     if len(g_idx):
-        order = _disjoint(order, cut_lane, cut_left, cut_right, t)
+        order = disjoint(order, cut_lane, cut_left, cut_right, t)
     cut_lane, cut_left, cut_right = cut_lane[order], cut_left[order], cut_right[order]
 
     # Runs: the stretches between cuts, lane by lane; node ids: per rank its origin, then its runs.
@@ -316,78 +311,6 @@ def assemble(
                    lane_of, a, b, all_catsum, np.concatenate(src), np.concatenate(dst), np.concatenate(lat))
 
 
-def _gather_cuts(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, marker_lane: I64, ready: I64,
-                 c_end: I64, c_hi: I64) -> tuple[I64, I64, I64, I64]:
-    """Where a rank resumes computing after an FSDP collective it waited for: (the collective's index among the
-    collectives' events, lane, left, right) per such collective and rank.
-
-    An FSDP unit cannot run before its parameters are gathered, so the first run of the rank's compute lane
-    (its marker lane) that starts at or after an all-gather's end waits for it. A reduce-scatter does the same
-    where the lane did nothing else while it ran, not even wait for a gather: issued synchronously on the
-    training thread (CPU, gloo), it held the rank; on a GPU the next layer's backward overlaps it, and then it
-    gates nothing. The cut leaves out the time the lane sat idle waiting, from the end of the last task that
-    started before the collective ended (never before it was issued) to the collective's end: that wait is the
-    collective's, not untimed host time (which no change shortens). A task still running at the end is not made
-    to wait: the cut is where it ends.
-    """
-    names = list(itertools.compress(t.comm_names, with_lanes.tolist()))
-    kind = [False if SCRIPT in name else None if (c := collective_kind(name)) is None else GATHER_KINDS.get(c)
-            for name in names]
-    g_idx = np.array([i for i, k in enumerate(kind) if k is not None], dtype=np.int64)
-    if not len(g_idx):
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, empty
-    always = np.array([kind[i] for i in g_idx.tolist()], dtype=bool)
-    rank = c_rank[g_idx]
-    lane, issued = marker_lane[rank], ready[g_idx]
-    end = np.minimum(c_end[g_idx], c_hi[g_idx])
-    # The last task of the lane that starts before the collective's end, and the one after it.
-    j = np.searchsorted(t.key, lane * t.span + np.clip(end - t.t0, 0, t.span - 1), side="left") - 1
-    started = j >= t.lane_lo[lane]
-    last_end = np.where(started, t.end[j.clip(0)], issued)
-    left = np.maximum(issued, last_end)
-    right = np.maximum(end, left)
-    keep = always | ((last_end <= issued) & ~_within(lane, issued, end, lane[always], left[always], right[always], t))
-    return g_idx[keep], lane[keep], left[keep], right[keep]
-
-
-def _within(lane: I64, lo: I64, hi: I64, w_lane: I64, w_lo: I64, w_hi: I64, t: EventTable) -> npt.NDArray[np.bool_]:
-    """Whether each span ``lo:hi`` of ``lane`` overlaps one of the waits ``w_lo:w_hi`` of ``w_lane``."""
-    if not len(w_lane):
-        return np.zeros(len(lane), dtype=bool)
-    base, w_base = lane * t.span - t.t0, w_lane * t.span - t.t0
-    order = np.argsort(w_lo + w_base, kind="stable")
-    starts, reach = (w_lo + w_base)[order], np.maximum.accumulate((w_hi + w_base)[order])
-    k = np.searchsorted(starts, hi + base, side="left") - 1  # the waits that began before the span ended
-    overlaps: npt.NDArray[np.bool_] = (k >= 0) & (reach[k.clip(0)] > lo + base)
-    return overlaps
-
-
-def _disjoint(order: I64, cut_lane: I64, cut_left: I64, cut_right: I64, t: EventTable) -> I64:
-    """The cuts' order again, after moving every cut that falls inside a wait (another collective issued while
-    the lane waited for a gather) to where the wait began. Changes ``cut_left`` and ``cut_right`` in place.
-
-    Consecutive cuts must not overlap for the runs between them to be well formed. A point inside a wait becomes
-    a point at its start: the collective issued there did not wait for the gather. A wait inside a wait starts
-    where the first began and keeps its end: the lane resumes after each, in order of their ends.
-    """
-    base = cut_lane[order] * t.span - t.t0  # lanes encoded into the times: one running maximum serves them all
-    lo, hi = cut_left[order] + base, cut_right[order] + base
-    reach = np.maximum.accumulate(np.maximum(lo, hi))
-    inside = np.zeros(len(lo), dtype=bool)
-    inside[1:] = lo[1:] < reach[:-1]
-    if not inside.any():
-        return order
-    head = np.maximum.accumulate(np.where(inside, 0, np.arange(len(lo))))
-    start = lo[head] - base
-    moved = order[inside]
-    point = cut_left[moved] == cut_right[moved]
-    cut_left[moved] = start[inside]
-    cut_right[moved] = np.where(point, start[inside], np.maximum(cut_right[moved], start[inside]))
-    resorted: I64 = np.lexsort((cut_right, cut_left, cut_lane))
-    return resorted
-
-
 def _observe(t: EventTable, with_lanes: npt.NDArray[np.bool_], c_rank: I64, ready: I64, c_end: I64, marker: I64,
              gate: I64, gate_start: I64) -> list[CollectiveObs]:
     """One observation per bucket name, from every rank that reported it (its first report, if several)."""
@@ -466,7 +389,7 @@ def _finish(t: EventTable, collectives: list[CollectiveObs], offsets: dict[int, 
             ) -> IterationDag:
     n = len(kind)
     internal = np.maximum((b - a) - catsum.sum(axis=1), 0.0)
-    level = _levels(n, src, dst)
+    level = levels(n, src, dst)
     order = np.lexsort((dst, level[dst]))
     src, dst, lat = src[order], dst[order], lat[order]
     dst_counts = np.bincount(dst, minlength=n)
@@ -482,37 +405,5 @@ def _finish(t: EventTable, collectives: list[CollectiveObs], offsets: dict[int, 
         gap[has_pred] = np.maximum(a[has_pred] - pred_end, 0.0)
     dag = IterationDag(t.ranks, t, collectives, offsets, origin, kind, rank_of, lane_of, a, b, catsum,
                        internal, gap, csr_src, csr_dst, csr_lat, dst_ptr)
-    dag.levels = _level_plan(level, src, dst, lat)
+    dag.levels = level_plan(level, src, dst, lat)
     return dag
-
-
-def _levels(n: int, src: I64, dst: I64) -> I64:
-    """Longest hop count from a source for every node (raises on a cycle, which well-formed input never makes)."""
-    level = np.zeros(n, dtype=np.int64)
-    if not len(src):
-        return level
-    order = np.argsort(dst, kind="stable")
-    s, d = src[order], dst[order]
-    starts = np.flatnonzero(run_starts(d))
-    targets = d[starts]
-    for _ in range(n + 1):
-        new = np.maximum.reduceat(level[s] + 1, starts)
-        if np.array_equal(new, level[targets]):
-            return level
-        level[targets] = new
-    raise ValueError("the iteration's dependencies form a cycle")
-
-
-def _level_plan(level: I64, src: I64, dst: I64, lat: F64) -> list[tuple[I64, I64, I64, F64]]:
-    """Group the (level, dst)-sorted edges into per-level batches for the vectorized replay."""
-    plan: list[tuple[I64, I64, I64, F64]] = []
-    if not len(dst):
-        return plan
-    lv = level[dst]
-    bounds = np.append(np.flatnonzero(run_starts(lv)), len(lv))
-    for i in range(len(bounds) - 1):
-        e0, e1 = bounds[i], bounds[i + 1]
-        d = dst[e0:e1]
-        first = np.flatnonzero(run_starts(d))
-        plan.append((d[first], src[e0:e1], first, lat[e0:e1]))
-    return plan
