@@ -59,7 +59,10 @@ DOUBT: Mapping[Kind, str] = {
                         "benchmarks/lightning_accumulation.py); "
                         "under-predicted by 13-18 % on an MLP of 41 small layers: there a synced step's own CPU work "
                         "runs slower than under no_sync (its forward's CPU time by 21-24 %, its update's by 33-38 %, "
-                        "without dagtop: benchmarks/synced_cpu.py), which no synced step shows, and dagtop's own cost (11-14 % of a step) weighs more in "
+                        "without dagtop: benchmarks/synced_cpu.py), which no synced step shows: on that machine a "
+                        "step's CPU work after a pause runs slower (by 10-17 % after 10 ms, spun or slept, without "
+                        "DDP: benchmarks/pause_cpu.py), and a synced step follows its wait for the all-reduces where "
+                        "a micro-batch goes straight on; and dagtop's own cost (11-14 % of a step) weighs more in "
                         "the faster micro-batches. Replayed from the wall clock instead (older shims), the MLPs were "
                         "under by 13-20 % and the loader-bound and hogged jobs over by up to 22 %"),
     Kind.BUCKETS: ("re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error "
