@@ -1,4 +1,5 @@
-"""Which modules the shim times: blocks through wrappers and containers, compiled modules from outside."""
+"""Which modules the shim times: blocks through wrappers and containers, and where their backward starts and ends
+(compiled modules: test_units_compiled.py)."""
 
 from __future__ import annotations
 
@@ -7,49 +8,11 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from unit_models import LM, iterations, train
 
 import instrument
 from instrument import wire
 from instrument.units import block_units, layer_units
-
-
-class Layer(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(16)
-        self.fc = nn.Linear(16, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc(self.ln(x))
-
-
-class Transformer(nn.Module):
-    """Laid out like HF's GPT-2: the layers in a ModuleList, which is never called."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(50, 16)
-        self.h = nn.ModuleList(Layer() for _ in range(3))
-        self.ln_f = nn.LayerNorm(16)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.wte(ids)
-        for layer in self.h:
-            x = layer(x)
-        return self.ln_f(x)
-
-
-class LM(nn.Module):
-    """A thin wrapper holding the transformer and a head tied to its embedding (``*ForCausalLM``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.transformer = Transformer()
-        self.lm_head = nn.Linear(16, 50, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.transformer(ids))
 
 
 def _names(units: list[tuple[str, nn.Module]]) -> list[str]:
@@ -85,43 +48,6 @@ def test_a_tied_weight_is_hooked_once_at_layer_granularity() -> None:
     assert _names(layer_units(model)) == ["0"]
 
 
-def _iterations(collector: Any) -> list[wire.IterationBatch]:
-    frames = (wire.decode(r.payload) for r in collector.until_bye())
-    return [f for f in frames if isinstance(f, wire.IterationBatch)]
-
-
-def _train(model: nn.Module, tracer: Any, optimizer: torch.optim.Optimizer, steps: int) -> None:
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        ids = torch.randint(50, (4, 8), generator=g)
-        loss = nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-
-def test_a_compiled_model_is_timed_without_breaking_its_graph(collector: Any, endpoint: str) -> None:
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    model = torch.compile(LM(), backend="eager")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
-    collector.joined()
-    counters.clear()
-    _train(model, tracer, optimizer, 4)
-    assert not counters["graph_break"], dict(counters["graph_break"])
-    # One unit fed no gradient, with 15 parameters: a stamp per accumulation only in the first backward.
-    (unit,) = tracer._blocks.units
-    assert len(unit.params) == 15 and unit.grad_hooks is not None and len(unit.grad_hooks) == 1
-    tracer.close()
-    batches = _iterations(collector)
-    assert len(batches) == 4
-    for batch in batches:
-        phases = {(e.phase, e.name) for e in batch.events}
-        assert {("forward", "LM"), ("backward", "LM"), ("update", "optimizer.step")} <= phases, phases
-
-
 def test_a_unit_fed_no_gradient_ends_at_its_last_accumulation_and_keeps_one_hook(
         collector: Any, endpoint: str) -> None:
     """The embedding's input (token ids) has no gradient: its backward ends when its weight's gradient is
@@ -130,11 +56,11 @@ def test_a_unit_fed_no_gradient_ends_at_its_last_accumulation_and_keeps_one_hook
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracer = instrument.attach(model, optimizer, endpoint=endpoint)
     collector.joined()
-    _train(model, tracer, optimizer, 4)
+    train(model, tracer, optimizer, 4)
     wte = next(u for u in tracer._blocks.units if u.name == "transformer.wte")
     assert wte.grad_hooks is not None and len(wte.grad_hooks) == 1
     tracer.close()
-    batches = _iterations(collector)
+    batches = iterations(collector)
     assert len(batches) == 4
     for batch in batches:
         backward = {e.name: e for e in batch.events if e.phase == "backward"}
@@ -168,7 +94,7 @@ def test_a_shortcut_layer_ends_its_backward_when_it_is_done_not_when_the_other_b
         loss.backward()
         optimizer.step()
     tracer.close()
-    batches = _iterations(collector)
+    batches = iterations(collector)
     assert len(batches) == 3
     for batch in batches:
         # The residual block's own work (its relu and sum) is its own task, "1" (tests/test_spans.py).
@@ -178,10 +104,6 @@ def test_a_shortcut_layer_ends_its_backward_when_it_is_done_not_when_the_other_b
         spans = sorted((e.start_ns, e.end_ns, e.name) for e in bwd.values())
         for (s1, e1, n1), (s2, e2, n2) in zip(spans, spans[1:]):
             assert e1 <= s2, f"{n1} [{s1}, {e1}] overlaps {n2} [{s2}, {e2}]"
-
-
-def _batches(collector: Any) -> list[wire.IterationBatch]:
-    return _iterations(collector)
 
 
 def _main_lane_in_order(batch: wire.IterationBatch) -> None:
@@ -237,7 +159,7 @@ def _backwards_of_three_steps(model: nn.Module, collector: Any, endpoint: str) -
         model(torch.randn(64, 8)).square().mean().backward()
         optimizer.step()
     tracer.close()
-    return [{e.name: e for e in batch.events if e.phase == "backward"} for batch in _batches(collector)]
+    return [{e.name: e for e in batch.events if e.phase == "backward"} for batch in iterations(collector)]
 
 
 def test_each_micro_batch_keeps_the_backward_of_the_unit_fed_no_gradient(collector: Any, endpoint: str) -> None:
@@ -254,7 +176,7 @@ def test_each_micro_batch_keeps_the_backward_of_the_unit_fed_no_gradient(collect
         optimizer.step()
         optimizer.zero_grad()
     tracer.close()
-    batches = _batches(collector)
+    batches = iterations(collector)
     assert len(batches) == 3
     for batch in batches:
         blocks = _names(block_units(model))
@@ -295,12 +217,12 @@ def test_a_checkpointed_layer_has_one_forward_and_one_backward_that_holds_its_re
     tracer = instrument.attach(model, optimizer, endpoint=endpoint, granularity=granularity)
     collector.joined()
     units = [name for name, _ in (layer_units if granularity == "layer" else block_units)(model)]
-    _train(model, tracer, optimizer, 3)
+    train(model, tracer, optimizer, 3)
     with torch.no_grad():  # evaluation is not timed, and does not disturb the next iteration
         model(torch.randint(50, (4, 8)))
-    _train(model, tracer, optimizer, 1)
+    train(model, tracer, optimizer, 1)
     tracer.close()
-    batches = _batches(collector)
+    batches = iterations(collector)
     assert len(batches) == 4
     for batch in batches:
         timed = sorted((e for e in batch.events if e.name in units), key=lambda e: e.start_ns)
@@ -317,120 +239,3 @@ def test_a_checkpointed_layer_has_one_forward_and_one_backward_that_holds_its_re
         untimed = sum(g for g, _, _ in gaps)
         # the recompute is in a backward: untimed, it would be most of the span
         assert untimed < 0.5 * span, (batch.iteration, span, gaps)
-
-
-class Blocks(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(50, 16)
-        self.h = nn.ModuleList(Layer() for _ in range(2))
-        self.head = nn.Linear(16, 50)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.wte(ids)
-        for layer in self.h:
-            x = layer(x)
-        return self.head(x)
-
-
-def _dynamo_counts() -> dict[str, int]:
-    from torch._dynamo.utils import counters
-
-    return {"graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["total"],
-            "breaks": sum(counters["graph_break"].values()), "unimplemented": sum(counters["unimplemented"].values())}
-
-
-def test_blocks_compiled_in_place_are_timed_around_their_compiled_call(collector: Any, endpoint: str) -> None:
-    """``layer.compile()`` compiles the layer's hooks with it: they must not run there, so the compiled call is
-    wrapped; Dynamo compiles what it compiles without dagtop (one graph, one frame, no break)."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    model = Blocks()
-    for layer in model.h:
-        layer.compile(backend="eager")
-    compiled_call = model.h[0]._compiled_call_impl
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
-    collector.joined()
-    counters.clear()
-    _train(model, tracer, optimizer, 3)
-    assert _dynamo_counts() == {"graphs": 1, "frames": 1, "breaks": 0, "unimplemented": 0}
-    tracer.close()
-    assert model.h[0]._compiled_call_impl is compiled_call  # put back
-    for batch in _batches(collector):
-        blocks = [e for e in batch.events if e.name != "Blocks"]  # the model's own work (tests/test_spans.py)
-        assert [e.name for e in blocks if e.phase == "forward"] == ["wte", "h.0", "h.1", "head"]
-        assert sorted(e.name for e in blocks if e.phase == "backward") == ["h.0", "h.1", "head", "wte"]
-
-
-def _compiled_after_attach(attach: bool, collector: Any, endpoint: str) -> dict[str, int]:
-    """Train ``Blocks`` whose layers are compiled after attach (in place, and by swapping in a compiled module)."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = Blocks()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    tracer = instrument.attach(model, optimizer, endpoint=endpoint) if attach else instrument.NullTracer()
-    if attach:
-        collector.joined()
-    model.h[0].compile(backend="eager")
-    model.h[1] = torch.compile(model.h[1], backend="eager")
-    counters.clear()
-    _train(model, tracer, optimizer, 3)
-    tracer.close()
-    return _dynamo_counts()
-
-
-def test_blocks_compiled_after_attach_are_not_split_by_the_hooks_inside_them(collector: Any, endpoint: str) -> None:
-    """Hooked before they were compiled, the layers' hooks are in the traced region now: they do nothing there,
-    and Dynamo compiles what it compiles without dagtop."""
-    without = _compiled_after_attach(False, collector, endpoint)
-    with_dagtop = _compiled_after_attach(True, collector, endpoint)
-    # Dynamo may compile a hook as a frame of its own (an empty one: the hook returns at once), never split a graph
-    del without["frames"], with_dagtop["frames"]
-    assert with_dagtop == without and without["breaks"] == without["unimplemented"] == 0
-    names = {e.name for batch in _batches(collector) for e in batch.events if e.phase == "forward"}
-    # The compiled layers are not timed on their own: their time is the model's, which called them.
-    assert names == {"wte", "head", "Blocks"}
-
-
-def test_compiled_autograd_is_not_split_by_the_backward_hooks(collector: Any, endpoint: str) -> None:
-    """Compiled autograd traces the hooks of the backward it compiles: dagtop's take no stamp there, so the
-    backward stays one graph compiled from one frame, with no break (the backward is then untimed)."""
-    from torch._dynamo import compiled_autograd
-
-    torch._dynamo.reset()
-    model = Blocks()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    tracer = instrument.attach(model, optimizer, endpoint=endpoint)
-    collector.joined()
-    torch._dynamo.utils.counters.clear()
-    for _ in range(2):
-        ids = torch.randint(50, (4, 8))
-        loss = nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
-        optimizer.zero_grad()
-        with compiled_autograd._enable(torch.compile(backend="eager")):
-            loss.backward()
-        optimizer.step()
-    assert _dynamo_counts() == {"graphs": 1, "frames": 1, "breaks": 0, "unimplemented": 0}
-    tracer.close()
-    for batch in _batches(collector):  # backward untimed; the rest as ever
-        assert [e.phase for e in batch.events if e.name != "Blocks"] == ["forward"] * 4 + ["update"]
-
-
-def test_attach_warns_once_that_compiled_autograd_leaves_backward_untimed(
-        endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch._dynamo
-
-    from instrument import compiled
-
-    monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)
-    compiled.warn_if_backward_is_compiled.cache_clear()
-    model = Blocks()
-    with pytest.warns(RuntimeWarning, match="compiled autograd is on") as caught:
-        tracer = instrument.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), endpoint=endpoint)
-    tracer.close()
-    compiled.warn_if_backward_is_compiled.cache_clear()
-    assert len(caught) == 1 and caught[0].filename == __file__
