@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
-import math
 import random
 import statistics
 
 import pytest
+from comm_heavy import COMM_HEAVY, MB, measured, run
 
 from dagtop.model import advice as advice_module
 from dagtop.model import allreduce as allreduce_module
@@ -19,33 +19,10 @@ from dagtop.model import candidates
 from dagtop.model.advice import Advice, Candidate, Kind, advise, advise_snapshot
 from dagtop.model.allreduce import AllReduce, fit
 from dagtop.model.buckets import Backward, Layout, ddp_buckets, finish_ns, limits_for, mg_wfbp
-from dagtop.model.change import Change
-from dagtop.model.pipeline import Pipeline
-from dagtop.model.snapshot import IterationAnalysis, Snapshot
-from dagtop.model.synthetic import SyntheticJob, synthetic_frames
+from dagtop.model.synthetic import SyntheticJob
 from dagtop.model.verdict import WINDOW
 from instrument import wire
 from instrument.wire_fields import Bucket, HostStats, Loader
-
-MB = 1 << 20
-
-
-def run(job: SyntheticJob, iterations: int = 40) -> Snapshot:
-    p = Pipeline(window=None)
-    p.feed(synthetic_frames(job, iterations))
-    p.finish()
-    return p.snapshot()
-
-
-def measured(job: SyntheticJob) -> float:
-    return statistics.median(a.measured_ms for a in run(job).iterations[1:])
-
-
-COMM_HEAVY = SyntheticJob(blocks=8, block_bytes=[2 * MB, 4 * MB, 8 * MB, 4 * MB, 6 * MB, 4 * MB, 8 * MB, 2 * MB],
-                          backward_ms=40, forward_ms=20, io_ms=1, allreduce_ms_per_mb=1.0, allreduce_alpha_ms=0.5,
-                          jitter=0.02)
-"""Eight blocks of 2 to 8 MiB whose all-reduces take about as long as their backward: DDP's default buckets are
-2, 30 and 6 MiB, the last 36 MiB all-reduced after most of the backward is over."""
 
 
 def test_doctests() -> None:
@@ -262,38 +239,6 @@ def test_the_stretch_beside_the_backward_is_the_one_that_ends_the_buckets_where_
     assert found.kappa == pytest.approx(1.0) and end > 6_000_000 + 1.5e6
 
 
-def test_accumulation_on_cpu_ranks_also_frees_the_cpu_the_all_reduces_took_beside_the_backward() -> None:
-    """gloo reduces on the ranks' cores: a micro-batch under no_sync gives the backward back the CPU its all-reduces
-    did beside it, on CPU ranks only. On COMM_HEAVY the first bucket (2 MiB: 0.5 + 2 ms of work) all-reduces beside
-    the 40 ms backward, so at least that much is freed per micro-batch. (Simulated one all-reduce at a time, the
-    cut this price rests on; the same iterations said to be of CPU ranks and of GPU ranks.)"""
-    snap = run(dataclasses.replace(COMM_HEAVY, device="cuda:0"))
-    cpu_ranks = [dataclasses.replace(r, device="cpu") for r in snap.ranks]
-    cpu = next(c for c in advise(snap.iterations, cpu_ranks, snap.buckets, snap.telemetry).fixes
-               if c.kind is Kind.ACCUMULATION)
-    gpu = next(c for c in advise_snapshot(snap).fixes if c.kind is Kind.ACCUMULATION)
-    assert "CPU their all-reduces took" in cpu.evidence and "CPU" not in gpu.evidence
-    freed = float(cpu.evidence.split("nor the ")[1].split(" ms")[0])
-    assert 2.5 <= freed <= 40.0
-    assert cpu.step_ms is not None and gpu.step_ms is not None
-    # Three micro-batches of the four give it back (the step shown is the measured one over the replayed speedup).
-    assert gpu.step_ms - cpu.step_ms == pytest.approx(3 * freed, rel=0.25)
-
-
-def test_accumulation_saves_the_bucket_copies_and_pays_the_adds_the_shim_timed() -> None:
-    """DDP copies every gradient into its bucket and back on a synced step, which no_sync skips; each micro-batch
-    after the first adds its gradients to those accumulated: the times a rank's bucket map carries come off (and
-    on) three of the four micro-batches, and the evidence says so."""
-    snap = run(COMM_HEAVY)
-    plain = next(c for c in advise_snapshot(snap).fixes if c.kind is Kind.ACCUMULATION)
-    assert snap.buckets is not None and snap.buckets.copy_ns == 0 and "copies" not in plain.evidence
-    timed = dataclasses.replace(snap, buckets=dataclasses.replace(snap.buckets, copy_ns=4_000_000, add_ns=1_500_000))
-    less = next(c for c in advise_snapshot(timed).fixes if c.kind is Kind.ACCUMULATION)
-    assert "4.0 ms of DDP's copies of the gradients" in less.evidence and "1.5 ms of adding" in less.evidence
-    assert plain.step_ms is not None and less.step_ms is not None
-    assert plain.step_ms - less.step_ms == pytest.approx(3 * (4.0 - 1.5), rel=0.1)  # the step of four micro-batches
-
-
 def test_nothing_is_advised_when_the_step_changed_within_the_window() -> None:
     """The second half of the window 1.5 times slower (another job took the cores): held, with both medians; 10 %
     slower is within what a steady job drifts on a shared machine, and is advised."""
@@ -335,80 +280,6 @@ def test_all_reduces_gloo_runs_side_by_side_are_fitted_on_their_share_of_the_lin
     assert serial.kappa > 0.5
     assert buckets_module.together_on(["cpu", "cpu"]) == 2
     assert buckets_module.together_on(["cpu", "cuda:0"]) == buckets_module.together_on([]) == 1
-
-
-def test_accumulation_is_withheld_with_the_reason_where_the_replay_without_collectives_was_refused() -> None:
-    """The what-ifs that change communication are refused where compute ran clearly faster under collectives: the
-    accumulation that rests on one of them is withheld with that reason, never predicted infinitely fast."""
-    snap = run(COMM_HEAVY)
-    why = "compute ran faster while a collective was in flight (main ×0.60 ± 0.05), which the model cannot explain"
-
-    def refused(a: IterationAnalysis) -> IterationAnalysis:
-        return dataclasses.replace(a, what_if=tuple(
-            dataclasses.replace(x, iteration_ms=math.nan, speedup=math.nan, unpredictable=why)
-            if x.change is Change.PERFECT_OVERLAP else x for x in a.what_if))
-
-    advice = advise(list(map(refused, snap.iterations)), snap.ranks, snap.buckets, snap.telemetry)
-    assert not any(c.kind is Kind.ACCUMULATION for c in (*advice.fixes, *advice.buys))
-    held = next(c for c in advice.withheld if c.kind is Kind.ACCUMULATION)
-    assert held.doubt == why and held.speedup is None
-
-
-def _with_thread_cpu(snap: Snapshot, work_ms: float, share: float, ranks: tuple[int, ...] | None = None) -> Snapshot:
-    """``snap`` with each rank's training thread said to have done ``work_ms`` of CPU work in each iteration besides
-    its update and its loader's 1 ms, its update's CPU time ``share`` of the update's wall clock."""
-    cpus: dict[int, dict[int, wire.ThreadCpu]] = {}
-    for a in snap.iterations:
-        for r in a.ranks if ranks is None else ranks:
-            update = int(share * sum(t.duration_ns for t in a.tasks.by_rank[r] if t.phase == "update"))
-            cpus.setdefault(a.iteration, {})[r] = wire.ThreadCpu(int(work_ms * 1e6) + update + 1_000_000, update,
-                                                                 1_000_000)
-    return dataclasses.replace(snap, thread_cpu=cpus)
-
-
-def test_accumulation_on_cpu_ranks_prices_a_micro_batch_from_the_training_threads_cpu_time() -> None:
-    """Where every rank measured its training thread's CPU time, a micro-batch under no_sync is its CPU work (less
-    the update's, the loader's and DDP's copies, plus the adds) at the share of a core the thread had in its
-    updates, plus its wait for data, the slowest rank's: not the wall-clock replay, which keeps compute slowed by
-    gloo's threads on shared cores. Where a rank did not measure it (an older shim), the replay prices it."""
-    snap = run(COMM_HEAVY)
-    replayed = next(c for c in advise_snapshot(snap).fixes if c.kind is Kind.ACCUMULATION)
-    assert "'perfect overlap' replay" in replayed.evidence
-    timed = dataclasses.replace(_with_thread_cpu(snap, 30.0, 0.5),
-                                buckets=dataclasses.replace(snap.buckets, copy_ns=4_000_000, add_ns=1_000_000))
-    priced = next(c for c in advise_snapshot(timed).fixes if c.kind is Kind.ACCUMULATION)
-    window = advice_module.window_of(snap.iterations)
-    # (30 - 4 + 1) ms of work at half a core, and the wait for data, on the slowest rank
-    micro = {a.iteration: max(row.io_ms for row in a.per_rank) + (30 - 4 + 1) / 0.5 for a in window}
-    per = [3 * micro[a.iteration] + a.predicted_ms for a in window]
-    identity = statistics.median(a.predicted_ms for a in window)
-    step = statistics.median(a.measured_ms for a in window)
-    assert priced.step_ms == pytest.approx(step * statistics.median(per) / identity, rel=1e-6)
-    assert "priced from the training threads' CPU time: 27.0 ms" in priced.evidence
-    assert "in their updates (50 % or more)" in priced.evidence
-    assert priced.step_ms != pytest.approx(replayed.step_ms, rel=0.05)
-    # One rank's times missing: the replay again.
-    partly = next(c for c in advise_snapshot(_with_thread_cpu(snap, 30.0, 0.5, ranks=(0,))).fixes
-                  if c.kind is Kind.ACCUMULATION)
-    assert partly.evidence == replayed.evidence and partly.step_ms == replayed.step_ms
-
-
-def test_a_rank_whose_compute_is_slower_than_the_others_keeps_it_in_each_micro_batch() -> None:
-    """What slows one rank's compute and not the others' (a CPU hog on its core) is not communication: no_sync keeps
-    it, though the rank's update, run just after a wait for the all-reduces, had the core to itself. Rank 1 computes
-    3 times slower: its micro-batch is its CPU work plus the compute it loses over rank 0 (the window's medians)."""
-    snap = run(dataclasses.replace(COMM_HEAVY, slow_ranks=(1,), slow_category="compute", slow_factor=3.0))
-    priced = next(c for c in advise_snapshot(_with_thread_cpu(snap, 30.0, 1.0)).fixes if c.kind is Kind.ACCUMULATION)
-    window = advice_module.window_of(snap.iterations)
-    compute = {r: statistics.median(row.compute_ms for a in window for row in a.per_rank if row.rank == r)
-               for r in (0, 1)}
-    assert compute[1] > 2 * compute[0]
-    micro = {a.iteration: max(row.io_ms + 30 + compute[row.rank] - compute[0] for row in a.per_rank) for a in window}
-    per = [3 * micro[a.iteration] + a.predicted_ms for a in window]
-    identity = statistics.median(a.predicted_ms for a in window)
-    step = statistics.median(a.measured_ms for a in window)
-    assert priced.step_ms == pytest.approx(step * statistics.median(per) / identity, rel=1e-6)
-    assert f"rank 1's compute {compute[1] - compute[0]:.1f} ms over the fastest rank's" in priced.evidence
 
 
 def test_a_grouping_ahead_of_the_buckets_now_by_the_margin_is_advised_though_ddps_default_is_not() -> None:
