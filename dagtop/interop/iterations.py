@@ -5,7 +5,8 @@ Per ``ProfilerStep#N`` (iteration N) on the thread that ran the steps:
 - ``enumerate(DataLoader)#…`` → io ``next``; ``Optimizer.step#…`` → the update ``optimizer.step``.
 - Forward per unit. With ``nn.Module`` annotations (``with_stack=True``) the units are the top-level modules, found
   as the shim finds its blocks: from each outermost module, down while a module has exactly one child, then its
-  children. Without them, an operator group: each top-level ``record_function`` label of the forward, and each run
+  children (all of them: a trace does not say which hold parameters, where the shim leaves out the leaves without
+  any, an activation between layers). Without them, an operator group: each top-level ``record_function`` label of the forward, and each run
   of top-level operators between them, named after its first operator.
 - Backward per unit: autograd's functions (``autograd::engine::evaluate_function: …``) carry the sequence number
   of the forward operator that recorded them, so each one is the unit's whose forward ran that operator
