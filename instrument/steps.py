@@ -29,10 +29,20 @@ class ThreadCpuCount:
     """The training thread's CPU time (``time.thread_time_ns``) in the iteration under way: since its start, in
     its updates and in its loader's ``next()`` (:class:`~instrument.wire.ThreadCpu`'s parts)."""
 
-    __slots__ = ("load", "since", "update")
+    __slots__ = ("_updating", "load", "since", "update")
 
     def __init__(self) -> None:
         self.since, self.update, self.load = time.thread_time_ns(), 0, 0
+        self._updating: dict[str, int] = {}
+        """Optimizer step → the thread's CPU time when its update began, while it runs."""
+
+    def update_began(self, name: str) -> None:
+        self._updating[name] = time.thread_time_ns()
+
+    def update_ended(self, name: str) -> None:
+        start = self._updating.pop(name, None)
+        if start is not None:
+            self.update += time.thread_time_ns() - start
 
     def spent(self) -> ThreadCpu:
         """The iteration ending now; the count starts over for the next."""
@@ -58,7 +68,6 @@ class IterationHooks:
     _cpu: ThreadCpuCount | None
     """The training thread's CPU time in the iteration under way, on a CPU rank (its work is the training
     thread's); None on a device."""
-    _update_cpu_starts: dict[str, int]
     _stamp: Stamp
     _lane: str
     _guard: Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -135,16 +144,15 @@ class IterationHooks:
         self._backward_over()
         self._update_starts[name] = self._stamp()
         if self._cpu is not None:
-            self._update_cpu_starts[name] = time.thread_time_ns()
+            self._cpu.update_began(name)
 
     def _step_ended(self, name: str) -> Callable[..., None]:
         def step_ended(optimizer: torch.optim.Optimizer, args: Args, kwargs: Kwargs) -> None:
             start = self._update_starts.pop(name, None)
             if start is not None:
                 self._events.append(UPDATE.event(name, self._lane, start, self._stamp()))
-            cpu_start = self._update_cpu_starts.pop(name, None)
-            if cpu_start is not None and self._cpu is not None:
-                self._cpu.update += time.thread_time_ns() - cpu_start
+            if self._cpu is not None:
+                self._cpu.update_ended(name)
             self._boundary.step_ended()
 
         return self._guard(step_ended)

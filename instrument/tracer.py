@@ -97,7 +97,7 @@ class Tracer(IterationHooks, Closing):
         self._telemetry: TelemetryThread | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
         self._update_starts = {}
-        self._cpu, self._update_cpu_starts = None, {}
+        self._cpu = None
         self._loading: int | None = None
         """``perf_counter_ns`` when the loader's pending ``next()`` began; None outside one (the heartbeat reads it)."""
         self._loader_said: Loader | None = None
