@@ -26,24 +26,19 @@ micro-batch under ``no_sync`` does not.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
-SMALL_LAYERS = [64, 1024, 64, 512, 128, 256] * 7
-"""benchmarks/advice_jobs.py's 41 small layers, input first."""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import advice_jobs
+
 PAUSES_MS = (1, 3, 10, 30)
 STEPS_PER_BLOCK = 5
-
-
-def model_of(widths: list[int]) -> nn.Module:
-    layers: list[nn.Module] = []
-    for a, b in itertools.pairwise(widths):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(widths[-1], 16))
 
 
 def pause(arm: str, params: list[torch.Tensor]) -> None:
@@ -64,11 +59,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30, help="blocks of 5 steps per arm")
     args = parser.parse_args()
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = model_of(SMALL_LAYERS)
+    model = advice_jobs.model_of(argparse.Namespace(job="mlp", widths=advice_jobs.SMALL_LAYERS, width=0, depth=0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(32, SMALL_LAYERS[0]), torch.randint(16, (32,))
+    x, y = torch.randn(32, int(advice_jobs.SMALL_LAYERS.split(",")[0])), torch.randint(16, (32,))
     arms = ["none", *(f"spin {ms}" for ms in PAUSES_MS), "sleep 10", "read 10"]
     cpu = time.thread_time_ns
     phases: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in arms}
