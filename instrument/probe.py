@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from instrument.events import RawEvent, TaskKind
@@ -41,6 +42,18 @@ class Switch:
         self.on = True
 
 
+class OwnTime:
+    """The shim's own time in its hooks on the training thread of a CPU rank (``perf_counter_ns``), summed until
+    the iteration's end reads it: what dagtop adds to the step there, which the advisor takes out of its predictions
+    (they are for the job without dagtop). Each hook adds its own, the clock read on entry and on exit (~0.1 µs);
+    what torch spends calling the hooks is not counted (it is outside them)."""
+
+    __slots__ = ("ns",)
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+
 class Probe:
     """The collaborators a timer needs, travelling together.
 
@@ -54,18 +67,21 @@ class Probe:
         fail: what an internal error does: switch the shim off, warning once.
         polled: on the host clock, the collectives in flight whose end the training thread's hooks notice
             (instrument/polled.py); None on a GPU, where a collective's future records its end.
+        own: on the host clock, where the hooks add their own time (a CPU rank's training thread runs them
+            inside its steps); None on a GPU, whose steps are the device's.
     """
 
-    __slots__ = ("fail", "lane", "polled", "sink", "stamp", "switch")
+    __slots__ = ("fail", "lane", "own", "polled", "sink", "stamp", "switch")
 
     def __init__(self, sink: Callable[[RawEvent], None], stamp: Stamp, lane: str, switch: Switch,
-                 fail: Fail, polled: Polled | None = None) -> None:
+                 fail: Fail, polled: Polled | None = None, own: OwnTime | None = None) -> None:
         self.sink, self.stamp, self.lane, self.switch, self.fail = sink, stamp, lane, switch, fail
-        self.polled = polled
+        self.polled, self.own = polled, own
 
     def on_lane(self, lane: str, stamp: Stamp | None = None) -> Probe:
         """This probe for events on another lane (and clock)."""
-        return Probe(self.sink, self.stamp if stamp is None else stamp, lane, self.switch, self.fail, self.polled)
+        return Probe(self.sink, self.stamp if stamp is None else stamp, lane, self.switch, self.fail, self.polled,
+                     self.own)
 
     def ended(self, kind: TaskKind, name: str, start: Moment, nbytes: int = 0) -> None:
         """Record a task of ``kind`` on this lane that began at ``start`` and ends now; an error switches the shim
@@ -82,16 +98,20 @@ class Probe:
         One call more per hook: for the hooks that run once or twice per iteration. The per-unit hooks of
         instrument/timing.py, a few µs each and run for every layer, keep the same guard written inline.
         """
-        switch, fail = self.switch, self.fail
+        switch, fail, own = self.switch, self.fail, self.own
 
         @functools.wraps(hook)
         def guarded(*args: Any, **kwargs: Any) -> R | None:
             if not switch.on:
                 return None
+            began = perf_counter_ns()
             try:
                 return hook(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - never reach the training loop
                 fail(exc)
                 return None
+            finally:
+                if own is not None:
+                    own.ns += perf_counter_ns() - began
 
         return guarded

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from instrument.events import UPDATE, RawEvent
+from instrument.probe import OwnTime
 from instrument.wire import ThreadCpu
 
 if TYPE_CHECKING:
@@ -27,12 +28,14 @@ if TYPE_CHECKING:
 
 class ThreadCpuCount:
     """The training thread's CPU time (``time.thread_time_ns``) in the iteration under way: since its start, in
-    its updates and in its loader's ``next()`` (:class:`~instrument.wire.ThreadCpu`'s parts)."""
+    its updates and in its loader's ``next()``; and the shim's own time in its hooks, which they add to ``own``
+    (:class:`~instrument.wire.ThreadCpu`'s parts)."""
 
-    __slots__ = ("_updating", "load", "since", "update")
+    __slots__ = ("_updating", "load", "own", "since", "update")
 
-    def __init__(self) -> None:
+    def __init__(self, own: OwnTime | None = None) -> None:
         self.since, self.update, self.load = time.thread_time_ns(), 0, 0
+        self.own = OwnTime() if own is None else own
         self._updating: dict[str, int] = {}
         """Optimizer step → the thread's CPU time when its update began, while it runs."""
 
@@ -47,8 +50,8 @@ class ThreadCpuCount:
     def spent(self) -> ThreadCpu:
         """The iteration ending now; the count starts over for the next."""
         now = time.thread_time_ns()
-        spent = ThreadCpu(now - self.since, self.update, self.load)
-        self.since, self.update, self.load = now, 0, 0
+        spent = ThreadCpu(now - self.since, self.update, self.load, self.own.ns)
+        self.since, self.update, self.load, self.own.ns = now, 0, 0, 0
         return spent
 
 

@@ -4,6 +4,7 @@ autograd-node hooks; grouped by granularity in instrument/timerset.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,7 +54,7 @@ class UnitTimer:
         """What ``probe.sink`` appends to (list.append is atomic: autograd threads append concurrently), read for
         its length."""
         self._sink, self._stamp, self._lane = probe.sink, probe.stamp, probe.lane
-        self._switch, self._fail, self._polled = probe.switch, probe.fail, probe.polled
+        self._switch, self._fail, self._polled, self._own = probe.switch, probe.fail, probe.polled, probe.own
         self._handles: list[Removable] = []
         self._boundaries: Boundaries = {} if boundaries is None else boundaries
         """Autograd node id -> its prehook, for the current iteration (holding the node keeps the id unique);
@@ -130,7 +131,8 @@ class UnitTimer:
                 self._boundaries.clear()
             callbacks: list[AtMoment] = []
             boundary = self._boundaries[id(node)] = (node, callbacks)  # holding the node keeps its id unique
-            node.register_prehook(node_prehook(callbacks, self._stamp, self._switch, self._fail, self._polled))
+            node.register_prehook(node_prehook(callbacks, self._stamp, self._switch, self._fail, self._polled,
+                                               self._own))
         boundary[1].append(callback)
 
     def _hook_backward(self, unit: Unit, outputs: list[Node], inputs: list[Node] | None, on_start: AtMoment,
@@ -146,11 +148,12 @@ class UnitTimer:
                 self._at_gradient_of(node, on_end)
 
     def _pre_hook(self, unit: Unit) -> Callable[..., None]:
-        stamp, switch, events = self._stamp, self._switch, self._events
+        stamp, switch, events, own = self._stamp, self._switch, self._events, self._own
 
         def forward_pre(module: nn.Module, args: tuple[object, ...]) -> None:
             if compiling() or not switch.on or len(events) >= MAX_PENDING_EVENTS:
                 return
+            began = perf_counter_ns()
             try:
                 if self._ungraphed:
                     self._hook_checkpoint_outputs()
@@ -174,6 +177,9 @@ class UnitTimer:
                 unit.fwd_start = stamp()
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
+            finally:
+                if own is not None:
+                    own.ns += perf_counter_ns() - began
 
         return forward_pre
 
@@ -203,7 +209,7 @@ class UnitTimer:
                 self._at_gradient_of(node, on_start)
 
     def _post_hook(self, unit: Unit) -> Callable[..., None]:
-        stamp, switch, sink, lane = self._stamp, self._switch, self._sink, self._lane
+        stamp, switch, sink, lane, own = self._stamp, self._switch, self._sink, self._lane, self._own
         category, phase = FORWARD  # the event is built in the hook: a tuple of locals, the cheapest there is
         on_start = self._backward_start(unit)
         on_recomputed_start = self._recomputed_backward_start(unit)
@@ -214,6 +220,7 @@ class UnitTimer:
         def forward_post(module: nn.Module, args: tuple[object, ...], output: object) -> None:
             if compiling() or not switch.on:
                 return
+            began = perf_counter_ns()
             try:
                 start = unit.fwd_start
                 if start is None:  # the pre hook timed nothing (evaluation, or a non-reentrant recompute)
@@ -230,6 +237,9 @@ class UnitTimer:
                     self._ungraphed.append((output, on_start))
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
+            finally:
+                if own is not None:
+                    own.ns += perf_counter_ns() - began
 
         return forward_post
 
@@ -263,30 +273,38 @@ class UnitTimer:
         return backward_end
 
     def _own_backward_end(self, backward_end: AtMoment) -> Callable[[Grads, Grads], None]:
-        stamp, switch = self._stamp, self._switch
+        stamp, switch, own = self._stamp, self._switch, self._own
 
         def own_end(grad_inputs: Grads, grad_outputs: Grads) -> None:
             if switch.on and not compiling():
+                began = perf_counter_ns()
                 try:
                     backward_end(stamp())
                 except Exception as exc:  # noqa: BLE001
                     self._fail(exc)
+                finally:
+                    if own is not None:
+                        own.ns += perf_counter_ns() - began
 
         return own_end
 
     def _hook_gradients(self, unit: Unit) -> None:
         """Stamp each accumulation into the unit's parameters; after one backward, only the last one's."""
-        stamp = self._stamp
+        stamp, own = self._stamp, self._own
 
         def hook(index: int) -> Callable[[torch.Tensor], None]:
             def accumulated(param: torch.Tensor) -> None:
                 if compiling():
                     return
+                began = perf_counter_ns()
                 try:
                     unit.last_grad = stamp()
                     unit.last_param = index
                 except Exception as exc:  # noqa: BLE001
                     self._fail(exc)
+                finally:
+                    if own is not None:
+                        own.ns += perf_counter_ns() - began
 
             return accumulated
 

@@ -131,7 +131,7 @@ class Tracer(IterationHooks, Closing):
         self._stamp, self._lane, self._guard = models.stamp, models.lane, models.probe.guard
         self._polled = models.probe.polled
         if self.device.type == "cpu":
-            self._cpu = ThreadCpuCount()
+            self._cpu = ThreadCpuCount(models.probe.own)
         self._blocks, self._layers = models.blocks, models.layers
         self._detailed_now = False
         self._switch_units(self._detailed(0))

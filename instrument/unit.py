@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 import torch
 from torch import nn
 
 from instrument.autograd import compiling, consumes
-from instrument.probe import Fail, Moment, Removable, Stamp, Switch
+from instrument.probe import Fail, Moment, OwnTime, Removable, Stamp, Switch
 
 if TYPE_CHECKING:
     from torch.autograd.graph import Node
@@ -60,13 +61,15 @@ class Unit:
 
 
 def node_prehook(callbacks: list[AtMoment], stamp: Stamp, switch: Switch, fail: Fail,
-                 polled: Polled | None) -> Callable[[Grads], None]:
+                 polled: Polled | None, own: OwnTime | None = None) -> Callable[[Grads], None]:
     """The prehook of one autograd node: takes one stamp and hands it to every unit waiting on that node. On the host
-    clock it is also a moment to notice the collectives that are over (``polled``, instrument/polled.py)."""
+    clock it is also a moment to notice the collectives that are over (``polled``, instrument/polled.py), and it adds
+    its own time to ``own``."""
 
     def prehook(grad_outputs: Grads) -> None:
         if compiling() or not switch.on:  # compiled autograd traces the backward's hooks
             return
+        began = perf_counter_ns()
         try:
             now = stamp()
             for callback in callbacks:
@@ -75,6 +78,9 @@ def node_prehook(callbacks: list[AtMoment], stamp: Stamp, switch: Switch, fail: 
                 polled.poll(now)  # type: ignore[arg-type] # the host clock's moments are ints
         except Exception as exc:  # noqa: BLE001
             fail(exc)
+        finally:
+            if own is not None:
+                own.ns += perf_counter_ns() - began
 
     return prehook
 

@@ -136,6 +136,9 @@ class ThreadCpu(NamedTuple):
     """The optimizer's step."""
     load_ns: int
     """The loader's ``next()``."""
+    shim_ns: int = 0
+    """The shim's own time in its hooks (``perf_counter_ns``: on a CPU rank the thread's, as good as its CPU
+    time); 0 where not measured (older shims)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +162,16 @@ class IterationBatch(Header):
                                                                     "not measured"))
     load_cpu_ns: int = field(default=0, metadata=wire(AddedInt(), "of `cpu_ns`, the loader's `next()` "
                                                                   "(`tracer.loader`); 0 where not measured"))
+    shim_ns: int = field(default=0, metadata=wire(AddedInt(), "of the iteration, the shim's own time in its hooks "
+                                                              "on the training thread (`time.perf_counter_ns`), "
+                                                              "which the advisor takes out of its predictions; CPU "
+                                                              "ranks only, 0 where not measured"))
 
     @property
     def thread_cpu(self) -> ThreadCpu | None:
         """The training thread's CPU times, where the rank measured them."""
-        return ThreadCpu(self.cpu_ns, self.update_cpu_ns, self.load_cpu_ns) if self.cpu_ns else None
+        return (ThreadCpu(self.cpu_ns, self.update_cpu_ns, self.load_cpu_ns, self.shim_ns) if self.cpu_ns
+                else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +271,7 @@ _HEADER: Final = layout_of(Header).fields
 """``seq`` and ``rank``: every frame opens with them, after ``v`` and ``k``."""
 _ITER: Final = _LAYOUT[IterationBatch]
 # encode_iteration's keys, from the layout; unpacking fails at import if the frame gains or loses a field.
-_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER, _CPU, _UPDATE_CPU, _LOAD_CPU = (
+_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER, _CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM = (
     f.key for f in _LAYOUT[IterationBatch])
 
 
@@ -297,7 +305,7 @@ def encode_iteration(
     if sender:
         m[_SENDER] = sender
     if cpu is not None:
-        for key, ns in zip((_CPU, _UPDATE_CPU, _LOAD_CPU), cpu):
+        for key, ns in zip((_CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM), cpu):
             if ns:
                 m[key] = ns
     return _pack(m)

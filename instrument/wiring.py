@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from instrument.probe import Probe
+from instrument.probe import OwnTime, Probe
 
 if TYPE_CHECKING:
     import torch
@@ -243,8 +243,10 @@ def wire_models(model: Any, events: list[RawEvent], switch: Switch, fail: Fail) 
     # NCCL's futures complete at enqueue, so a CUDA job times its collectives on the stream too.
     stamp = cuda.stamp if cuda is not None else time.perf_counter_ns
     lane = "gpu" if cuda is not None else "main"
-    # On the host clock the training thread notices when a collective is over (instrument/polled.py).
-    probe = Probe(events.append, stamp, lane, switch, fail, None if cuda is not None else Polled(fail))
+    # On the host clock the training thread notices when a collective is over (instrument/polled.py), and the
+    # hooks count their own time, which the steps of a CPU rank include.
+    probe = (Probe(events.append, stamp, lane, switch, fail) if cuda is not None
+             else Probe(events.append, stamp, lane, switch, fail, Polled(fail), OwnTime()))
     modules = [m for _, m in unwrapped]
     # The units, and around them the modules whose own work falls between them (instrument/spans.py).
     blocks = TimerSet.of(units_of(block_units, modules), spans_of(block_units, modules), events, probe)
