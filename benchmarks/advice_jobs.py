@@ -42,6 +42,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
+from instrument.probe import OwnTime
+from instrument.steps import ThreadCpuCount
+from instrument.wire import ThreadCpu
+
 HOG = "import os\nos.nice(0)\nwhile True:\n    pass\n"
 SMALL_LAYERS = ",".join(["64", "1024", "64", "512", "128", "256"] * 7)
 """``--widths`` of 41 small layers of three sizes (64 to 256 KiB of weights): with one bucket per layer, the
@@ -142,11 +146,16 @@ class Arm:
         self.loader = loader_of(args, int(value) if name == "workers" else args.workers)
         self.batches = forever(self.loader)
         self.hog_off = spec == "hog=off"
+        self.shim_ms: list[float] = []
+        """With dagtop: the shim's own time in its hooks in each step, as it sends it (CPU ranks)."""
         if name == "dagtop":  # the job as it was, with dagtop attached (its frames sent to whoever listens)
             import instrument
 
             tracer = instrument.attach(self.ddp, self.optimizer, granularity=args.granularity)
             self.batches = forever(tracer.loader(self.loader))  # type: ignore[arg-type]
+            counted = getattr(tracer, "_cpu", None)  # a CPU rank's count of the training thread's time
+            if counted is not None:
+                tracer._cpu = _Kept(counted.own, self.shim_ms)  # type: ignore[union-attr]
         self.samples_per_step = args.batch * world * self.accumulate
 
     def step(self) -> None:
@@ -159,6 +168,19 @@ class Arm:
                 torch.nn.functional.cross_entropy(self.ddp(x), y).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+
+class _Kept(ThreadCpuCount):
+    """The shim's count of the training thread's time, keeping what it sends of its own."""
+
+    def __init__(self, own: OwnTime, kept: list[float]) -> None:
+        super().__init__(own)
+        self.kept = kept
+
+    def spent(self) -> ThreadCpu:
+        spent = super().spent()
+        self.kept.append(spent.shim_ns / 1e6)
+        return spent
 
 
 def _no_communication(state, bucket):  # type: ignore[no-untyped-def] # DDP refuses a string annotation
@@ -282,7 +304,8 @@ def truth(arms: list[Arm], args: argparse.Namespace, rank: int, hog: subprocess.
     pause(False)
     if rank == 0 and args.out:
         Path(args.out).write_text(json.dumps({
-            "arms": {a.spec: {"step_ms": times[a.spec], "samples_per_step": a.samples_per_step} for a in arms},
+            "arms": {a.spec: {"step_ms": times[a.spec], "samples_per_step": a.samples_per_step,
+                              **({"shim_ms": a.shim_ms} if a.shim_ms else {})} for a in arms},
             "load": os.getloadavg()}))
 
 

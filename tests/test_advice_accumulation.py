@@ -67,16 +67,45 @@ def test_accumulation_is_withheld_with_the_reason_where_the_replay_without_colle
     assert held.doubt == why and held.speedup is None
 
 
-def _with_thread_cpu(snap: Snapshot, work_ms: float, share: float, ranks: tuple[int, ...] | None = None) -> Snapshot:
+def _with_thread_cpu(snap: Snapshot, work_ms: float, share: float, ranks: tuple[int, ...] | None = None,
+                     shim_ms: float = 0.0) -> Snapshot:
     """``snap`` with each rank's training thread said to have done ``work_ms`` of CPU work in each iteration besides
-    its update and its loader's 1 ms, its update's CPU time ``share`` of the update's wall clock."""
+    its update and its loader's 1 ms, its update's CPU time ``share`` of the update's wall clock, and ``shim_ms`` of
+    it in dagtop's hooks."""
     cpus: dict[int, dict[int, wire.ThreadCpu]] = {}
     for a in snap.iterations:
         for r in a.ranks if ranks is None else ranks:
             update = int(share * sum(t.duration_ns for t in a.tasks.by_rank[r] if t.phase == "update"))
             cpus.setdefault(a.iteration, {})[r] = wire.ThreadCpu(int(work_ms * 1e6) + update + 1_000_000, update,
-                                                                 1_000_000)
+                                                                 1_000_000, int(shim_ms * 1e6))
     return dataclasses.replace(snap, thread_cpu=cpus)
+
+
+def test_the_predictions_are_for_the_job_without_dagtops_own_time_in_its_hooks() -> None:
+    """On CPU ranks dagtop's hooks run inside the step: the time each rank says they took comes out of the step now
+    and out of each pass of the changed step (four for accumulation: its micro-batches each pay it) before they are
+    divided, and the advice says how much it took out. Where one rank did not say it (an older shim), nothing is."""
+    snap = run(COMM_HEAVY)
+    window = advice_module.window_of(snap.iterations)
+    identity = statistics.median(a.predicted_ms for a in window)
+    plain = advise_snapshot(_with_thread_cpu(snap, 30.0, 0.5))
+    own = advise_snapshot(_with_thread_cpu(snap, 30.0, 0.5, shim_ms=2.0))
+    assert plain.shim_ms == 0.0 and not plain.without_dagtop
+    assert own.shim_ms == pytest.approx(2.0) and own.without_dagtop == (
+        "predicted without dagtop's own 2.0 ms a step in its hooks")
+    for kind, passes in ((Kind.ACCUMULATION, 4), (Kind.BUCKETS, 1)):
+        before = next(c for c in plain.fixes if c.kind is kind)
+        after = next(c for c in own.fixes if c.kind is kind)
+        assert before.speedup is not None and after.speedup is not None and before.step_ms is not None
+        changed = identity / before.speedup  # the median replay with the change, as the advice had it
+        assert after.speedup == pytest.approx((identity - 2.0) / (changed - passes * 2.0), rel=1e-6)
+        assert after.speedup > before.speedup
+        assert after.step_ms == pytest.approx(plain.step_ms / after.speedup, rel=1e-6)  # the step measured with dagtop
+    timed = _with_thread_cpu(snap, 30.0, 0.5, shim_ms=2.0)
+    older = {it: {r: cpu._replace(shim_ns=0) if r == 1 else cpu for r, cpu in ranks.items()}
+             for it, ranks in timed.thread_cpu.items()}
+    partly = advise_snapshot(dataclasses.replace(timed, thread_cpu=older))
+    assert partly.shim_ms == 0.0 and partly.fixes == plain.fixes
 
 
 def test_accumulation_on_cpu_ranks_prices_a_micro_batch_from_the_training_threads_cpu_time() -> None:

@@ -53,6 +53,7 @@ def advice_json(advice: Advice, priced: FixOrBuy) -> dict[str, Any]:
         "needed": advice.needed,
         "step_ms": advice.step_ms,
         "replay_error": advice.replay_error,
+        "shim_ms": advice.shim_ms,
         "best": advice.best.title if advice.best is not None else None,
         "fixes": [_candidate(c, epochs.get(id(c))) for c in advice.fixes],
         "buys": [_candidate(c, epochs.get(id(c))) for c in advice.buys],
@@ -80,8 +81,9 @@ def write_advice(advice: Advice, priced: FixOrBuy, out: TextIO, details: bool = 
     if advice.held:
         w(waste_line(priced) + "\n")
         return
+    own = f"; {advice.without_dagtop}" if advice.without_dagtop else ""
     w(f"over {advice.iterations} steady iterations (to {advice.last_iteration}), step {advice.step_ms:.1f} ms "
-      f"measured, replayed within {advice.replay_error * 100:.1f} %\n\n")
+      f"measured, replayed within {advice.replay_error * 100:.1f} %{own}\n\n")
     rows = candidate_rows(advice)
     if rows:
         widths = [max(len(r[i]) for r in [("change", "ms/step", "range", "throughput", "confidence"), *rows])

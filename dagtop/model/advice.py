@@ -23,7 +23,7 @@ from dagtop.model import verdict
 from dagtop.model.allreduce import fit
 from dagtop.model.analysis import model_error
 from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets, stretched, together_on
-from dagtop.model.candidate import MAX_REPLAY_ERROR, MIN_GAIN, Candidate, Confidence, Kind, Window
+from dagtop.model.candidate import MAX_REPLAY_ERROR, MIN_GAIN, Candidate, Confidence, Kind, Window, shim_ms
 from dagtop.model.candidates import MAKERS
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
 from instrument.wire import Buckets, Telemetry, ThreadCpu
@@ -63,6 +63,14 @@ class Advice:
     last_iteration: int = -1
     little: tuple[Candidate, ...] = ()
     """Fixes predicted to gain under :data:`MIN_GAIN`: considered, not advised."""
+    shim_ms: float = 0.0
+    """dagtop's own time in a step, which the predictions take out (:attr:`Window.shim_ms`)."""
+
+    @property
+    def without_dagtop(self) -> str:
+        """What the predictions took out for dagtop, in words; empty where nothing was."""
+        return (f"predicted without dagtop's own {self.shim_ms:.1f} ms a step in its hooks" if self.shim_ms >= 0.05
+                else "")
 
     @property
     def best(self) -> Candidate | None:
@@ -160,7 +168,8 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
                tuple(backwards), layout, model, tuple(ranks), tuple(telemetry), copies_ms=copies, adds_ms=adds,
                history=tuple(counted[-verdict.HISTORY:]),
-               thread_cpu={a.iteration: cpus[a.iteration] for a in chosen if a.iteration in cpus})
+               thread_cpu={a.iteration: cpus[a.iteration] for a in chosen if a.iteration in cpus},
+               shim_ms=shim_ms(chosen, cpus))
     found = [c for make in MAKERS for c in make(w)]
     predicted = [c for c in found if c.confidence is not Confidence.WITHHELD]
     buying = {Kind.SCALE_OUT, Kind.NETWORK}
@@ -176,7 +185,7 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
     buys = [c for c in predicted if c.kind in buying]
     withheld = [c for c in found if c.confidence is Confidence.WITHHELD]
     return Advice(len(chosen), needed, step, error, "", tuple(fixes), tuple(buys), tuple(withheld), model, last,
-                  little)
+                  little, w.shim_ms)
 
 
 def advise_snapshot(snap: Snapshot) -> Advice:

@@ -175,21 +175,33 @@ class Window:
     thread_cpu: Mapping[int, Mapping[int, ThreadCpu]] = field(default_factory=dict)
     """Iteration → rank → the training thread's CPU times in it, for the window's iterations the ranks measured
     them in (CPU ranks)."""
+    shim_ms: float = 0.0
+    """dagtop's own time in a step: its hooks' on the training threads, where every rank measured it in every
+    iteration of the window (CPU ranks; :func:`shim_ms`), else 0."""
 
     def predicted(self, per_iteration: Sequence[float], fit: tuple[float, float] | None = None,
-                  base: Sequence[float] | None = None) -> tuple[float, float, tuple[float, float]]:
+                  base: Sequence[float] | None = None, samples: int = 1) -> tuple[float, float, tuple[float, float]]:
         """(speedup, step ms, range ms) from per-iteration replays with a change. The range is the 95 % interval of
         the median over the window (:func:`median_interval`), widened to ``fit``: the median replay with the α-β
         fit's β one standard error down and up, where the change rests on it. ``base``: the replays without the
-        change of the same iterations, where ``per_iteration`` covers only some of the window."""
+        change of the same iterations, where ``per_iteration`` covers only some of the window.
+
+        The speedup is the job's without dagtop: its hooks' time (:attr:`shim_ms`) comes out of the step now and
+        out of each of the ``samples`` passes a changed step makes (gradient accumulation's micro-batches), where
+        the hooks ran on the training thread, inside the steps (CPU ranks). The step and its range stay the
+        measured step's (with dagtop) over that speedup."""
         median = statistics.median(per_iteration)
         identity = statistics.median(base) if base else self.identity_ms
-        speedup = identity / median if median > 0 else math.inf
+        own = self.shim_ms if identity > self.shim_ms and median > samples * self.shim_ms else 0.0
+
+        def step(replayed: float) -> float:  # the measured step, changed as the replay is, less dagtop's own time
+            return self.step_ms * (replayed - samples * own) / (identity - own) if identity > own else self.step_ms
+
         lo, hi = median_interval(per_iteration)
         if fit is not None:
             lo, hi = min(lo, *fit), max(hi, *fit)
-        scale = self.step_ms / identity if identity > 0 else 1.0
-        return speedup, self.step_ms / speedup, (lo * scale, hi * scale)
+        speedup = (identity - own) / (median - samples * own) if median > samples * own else math.inf
+        return speedup, self.step_ms / speedup, (step(lo), step(hi))
 
     def unpredictable(self, change: Change) -> str:
         """Why the newest iteration's ``change`` could not be predicted (the what-if's reason), empty if it could."""
@@ -198,6 +210,23 @@ class Window:
             if x is not None:
                 return x.unpredictable
         return ""
+
+
+def shim_ms(analyses: Sequence[IterationAnalysis], thread_cpu: Mapping[int, Mapping[int, ThreadCpu]]) -> float:
+    """dagtop's own time in a step of ``analyses``: the median over them of the ranks' median time in the shim's
+    hooks (``ThreadCpu.shim_ns``); 0 unless every rank measured it in every one (CPU ranks of a shim that sends it).
+
+    It is what its hooks spend inside them: torch's calls into them and the shim's thread that sends the frames
+    cost the step more (on the 41-layer MLP of benchmarks/advice_jobs.py, 1.7 ms of the 3.7 ms a step dagtop
+    cost two CPU ranks, 2026-11-28), so what the predictions take out is the least of dagtop's cost."""
+    per = []
+    for a in analyses:
+        ranks = thread_cpu.get(a.iteration, {})
+        own = [ranks[r].shim_ns for r in a.ranks if r in ranks]
+        if len(own) < len(a.ranks) or not all(own):
+            return 0.0
+        per.append(statistics.median(own) / 1e6)
+    return statistics.median(per) if per else 0.0
 
 
 def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:

@@ -145,7 +145,7 @@ def _on_the_thread(w: Window) -> tuple[dict[int, float], str] | None:
 def _accumulating(w: Window, per: Sequence[float], exposed: float, how: str) -> Candidate:
     """The accumulation candidate from its replayed updates (``per``: one per iteration of the window)."""
     k = ACCUMULATE
-    speedup, step, bounds = w.predicted(per)
+    speedup, step, bounds = w.predicted(per, samples=k)
     confidence, doubt = confidence_of(Kind.ACCUMULATION)
     return Candidate(
         Kind.ACCUMULATION, f"accumulate {k} micro-batches",

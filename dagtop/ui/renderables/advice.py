@@ -47,7 +47,8 @@ class AdviceDetails:
         parts: list[RenderableType] = [
             head,
             Text(f"over {a.iterations} steady iterations (to {a.last_iteration}): step {a.step_ms:.1f} ms measured, "
-                 f"the DAG replays it within {a.replay_error * 100:.1f} %", style="dim"),
+                 f"the DAG replays it within {a.replay_error * 100:.1f} %"
+                 + (f"; {a.without_dagtop}" if a.without_dagtop else ""), style="dim"),
             Text(""),
         ]
         rows = candidate_rows(a)
