@@ -44,7 +44,7 @@ import torch.distributed as dist
 from instrument.events import COLLECTIVE
 from instrument.passes import gradient_passes
 from instrument.polled import Polled
-from instrument.probe import Moment, Probe
+from instrument.probe import Moment, OwnTime, Probe
 from instrument.teardown import Held, Pending, restash_context, unstash_context
 from instrument.wire_fields import Bucket
 
@@ -64,11 +64,14 @@ _inside = threading.local()
 class _Tap(dist.ProcessGroup):
     """The process group DDP's reducer sees: the real one's backends, and :meth:`allreduce` noted on the way."""
 
-    def __init__(self, inner: dist.ProcessGroup, issued: Callable[[Sequence[torch.Tensor]], Handover | None]) -> None:
+    def __init__(self, inner: dist.ProcessGroup, issued: Callable[[Sequence[torch.Tensor]], Handover | None],
+                 own: OwnTime | None = None) -> None:
         super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg] # the stubs know one overload
         self.inner = inner
         self._issued = issued
         """Called as a bucket is handed over; returns what turns the real work into the reducer's, or None (untimed)."""
+        self._own = own
+        """Where the tap adds its own time on a CPU rank's training thread (its Python around the real call)."""
         for device in inner._device_types:
             backend = inner._get_backend(device)
             self._register_backend(device, _backend_type(backend), backend)
@@ -85,15 +88,21 @@ class _Tap(dist.ProcessGroup):
         "the preferred way of constructing Work objects when writing a custom ProcessGroup in python"): the reducer
         then reads its future without calling into Python.
         """
+        began = time.perf_counter_ns()
         _inside.tap = True
         context = unstash_context()  # not copied into the work: freed on a gloo thread (instrument/teardown.py)
+        real = 0
         try:
             handover = self._issued(tensors)
+            called = time.perf_counter_ns()
             work = self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
+            real = time.perf_counter_ns() - called
             return work if handover is None else handover(work)
         finally:
             restash_context(context)
             _inside.tap = False
+            if self._own is not None:  # the real all-reduce's call is DDP's own cost, not the shim's
+                self._own.ns += time.perf_counter_ns() - began - real
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
         # The reducer broadcasts rank 0's bucket layout when it rebuilds its buckets.
@@ -190,7 +199,7 @@ class BucketTimer:
         self.pending = Pending()
         """The bucket callbacks torch still holds: ``close()`` waits for them (instrument/teardown.py)."""
         _keep_out_of_dynamo()
-        self._tap: _Tap | None = _Tap(self._real, self._issued)
+        self._tap: _Tap | None = _Tap(self._real, self._issued, probe.own)
         ddp.reducer._update_process_group(self._tap)
 
     def remove(self, timeout_s: float = 0.0) -> bool:

@@ -43,7 +43,8 @@ class Switch:
 
 
 class OwnTime:
-    """The shim's own time in its hooks on the training thread of a CPU rank (``perf_counter_ns``), summed until
+    """The shim's own time in its hooks on the training thread of a CPU rank (``perf_counter_ns``; and in the tap
+    each bucket's all-reduce passes through, instrument/comm.py, less the real call), summed until
     the iteration's end reads it: what dagtop adds to the step there, which the advisor takes out of its predictions
     (they are for the job without dagtop). Each hook adds its own, the clock read on entry and on exit (0.16 µs a
     hook on the 2-core test machine, ~1 % of what the hooks cost); what torch spends calling the hooks is not

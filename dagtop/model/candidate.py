@@ -69,7 +69,7 @@ DOUBT: Mapping[Kind, str] = {
                         "after a pause runs slower (by 10-17 % after 10 ms, spun or slept, without DDP: "
                         "benchmarks/pause_cpu.py), and a synced step follows its wait for the all-reduces where a "
                         "micro-batch goes straight on; and dagtop costs such a job more than its hooks' own time "
-                        "(torch's calls into them: 3.7 ms a step against 1.7 ms in them). Every miss was an "
+                        "(torch's calls into them, its sending thread: 2.3-4.1 ms a step against 1.2-2.4 ms in them). Every miss was an "
                         "under-prediction. Replayed from the wall clock instead (older shims), the MLPs were "
                         "under by 13-20 % and the loader-bound and hogged jobs over by up to 22 %"),
     Kind.BUCKETS: ("re-run on a 2-core CPU machine (2026-11-27): within 10 % in 14 of 17 changes (median error "
@@ -223,9 +223,10 @@ def shim_ms(analyses: Sequence[IterationAnalysis], thread_cpu: Mapping[int, Mapp
     """dagtop's own time in a step of ``analyses``: the median over them of the ranks' median time in the shim's
     hooks (``ThreadCpu.shim_ns``); 0 unless every rank measured it in every one (CPU ranks of a shim that sends it).
 
-    It is what its hooks spend inside them: torch's calls into them and the shim's thread that sends the frames
-    cost the step more (on the 41-layer MLP of benchmarks/advice_jobs.py, 1.7 ms of the 3.7 ms a step dagtop
-    cost two CPU ranks, 2026-11-28), so what the predictions take out is the least of dagtop's cost."""
+    It is what its hooks spend inside them (and the tap around each bucket's all-reduce): torch's calls into them
+    and the shim's thread that sends the frames cost the step more (on the 41-layer MLP of
+    benchmarks/advice_jobs.py, two CPU ranks, 2026-11-28: 1.2 of the 2.3 ms a step dagtop cost with DDP's default
+    buckets, 2.4 of 4.1 ms with a bucket per layer), so what the predictions take out is the least of its cost."""
     per = []
     for a in analyses:
         ranks = thread_cpu.get(a.iteration, {})
