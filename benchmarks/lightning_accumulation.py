@@ -14,6 +14,11 @@ prints the time per batch after the first 40.
 
 Measured (2026-11-28, 2-core VM, load ~2): advised ×1.716 for 4 micro-batches; re-run ×1.735, ×1.776, ×1.611,
 ×1.621 (rounds of the loop above), median ×1.678: +2.3 %. dagtop attached: 15.1 ms a batch against 11.5-12.9 plain.
+Again (2026-11-28 evening, load ~2), with the shim's own time taken out of the predictions: advised ×1.680 (its hooks'
+0.2 ms a step), then ×1.711 (0.4 ms, the tap around each bucket's all-reduce counted too); re-run ×1.636, ×1.834,
+×1.633, ×1.538, median ×1.635: +2.7 % and +4.7 %. dagtop's cost there, the job re-run with and without it taking
+turns (6 runs of 400 batches, no monitor listening): 13.7-14.1 ms a batch against 11.6-11.7, of which its hooks' 0.2-0.4
+ms and its sending thread's 0.24 ms of CPU (a monitor listening); the rest is not located (torch's calls into the hooks, the GIL).
 """
 
 from __future__ import annotations
