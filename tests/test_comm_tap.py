@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from instrument.comm import BucketTimer
 from instrument.polled import Polled
-from instrument.probe import Probe, Switch
+from instrument.probe import OwnTime, Probe, Switch
 
 
 @pytest.fixture
@@ -85,6 +85,36 @@ def test_training_is_unchanged_by_the_tap(one_rank: None) -> None:
             optimizer.step()
             optimizer.zero_grad()
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), timed.parameters()))
+
+
+def test_on_a_cpu_rank_the_tap_counts_its_own_time_and_not_the_real_all_reduces(one_rank: None) -> None:
+    """The tap's Python around each bucket's all-reduce runs on the training thread: it adds its time to the shim's
+    own (what the advice takes out of its predictions), less the real all-reduce's call, which is DDP's own cost.
+    Each real call here takes 0.2 s: counted, the own time would be at least that."""
+    ddp = DDP(_model(), bucket_cap_mb=0.2)
+    own = OwnTime()
+    timer = BucketTimer(ddp, Probe([].append, time.perf_counter_ns, "comm", Switch(), pytest.fail,
+                                   Polled(pytest.fail), own))
+    _train(ddp, timer, 2)  # past the buckets' rebuild
+    assert timer._tap is not None
+    real, calls = timer._tap.inner, []
+
+    class Slow:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def allreduce(self, *args: Any) -> Any:
+            calls.append(1)
+            time.sleep(0.2)
+            return real.allreduce(*args)
+
+    timer._tap.inner = Slow()  # type: ignore[assignment]
+    own.ns = 0
+    began = time.perf_counter_ns()
+    _train(ddp, timer, 1)
+    took = time.perf_counter_ns() - began
+    assert len(calls) >= 2 and took >= len(calls) * 200_000_000
+    assert 0 < own.ns < 100_000_000
 
 
 def test_unused_parameters_map_is_not_a_bucket(one_rank: None) -> None:
