@@ -53,7 +53,7 @@ DOUBT: Mapping[Kind, str] = {
     Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
     Kind.ACCUMULATION: ("priced from the training thread's CPU time and re-run on a 2-core CPU machine "
                         "(2026-11-28, six runs, the last three with dagtop's own time in its hooks taken out): within "
-                        "the target in 23 of 30 re-runs of an MLP of 14 layers (-7.3, -6.7, -3.6, -8.8, -5.1, -2.5 %), "
+                        "the target in 25 of 32 predictions on an MLP of 14 layers (-7.3, -6.7, -3.6, -8.8, -5.1, -2.5 %), "
                         "an MLP pyramid (-2.6, -7.7, -2.2, -17.9, -3.3, -5.9 %), a loader-bound job (-1.3, -1.4, -3.5, "
                         "-10.5, -2.8, -2.4 %), a CPU-hogged one (-0.6, -4.2, +2.0, +4.6, +11.4 %), a transformer "
                         "(+0.1 %, then 1.6, 1.1, 0.6, 1.3 and 1.6 points under a gain of 8-10 %: 1-2 % of the gain, "
@@ -97,7 +97,8 @@ DOUBT: Mapping[Kind, str] = {
 ratios, predicted and re-run)."""
 VALIDATED: frozenset[Kind] = frozenset({Kind.LOADER})
 """The kinds whose predictions met the target in every round of benchmarks/validate_advice.py (DataLoader workers:
-×1.32, ×1.37, ×1.37, ×1.38 predicted, ×1.38, ×1.37, ×1.28, ×1.46 re-run; the last at load 12, 2026-11-27)."""
+×1.32, ×1.37, ×1.37, ×1.38 predicted, ×1.38, ×1.37, ×1.28, ×1.46 re-run, the last at load 12, 2026-11-27; ×1.43,
+×1.48, ×1.49 predicted, ×1.45, ×1.46, ×1.49 re-run on 2026-11-28, with dagtop's time taken out)."""
 
 
 def confidence_of(kind: Kind) -> tuple[Confidence, str]:
