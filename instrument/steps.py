@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from instrument.events import UPDATE, RawEvent
-from instrument.probe import OwnTime
 from instrument.wire import ThreadCpu
 
 if TYPE_CHECKING:
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
     from instrument.boundary import IterationBoundary
     from instrument.comm import BucketTimer
     from instrument.polled import Polled
-    from instrument.probe import Moment, Stamp, Switch
+    from instrument.probe import Moment, OwnTime, Stamp, Switch
     from instrument.publisher import Publisher
     from instrument.ranktracer import Granularity
     from instrument.timerset import TimerSet
@@ -33,9 +32,9 @@ class ThreadCpuCount:
 
     __slots__ = ("_updating", "load", "own", "since", "update")
 
-    def __init__(self, own: OwnTime | None = None) -> None:
+    def __init__(self, own: OwnTime) -> None:
         self.since, self.update, self.load = time.thread_time_ns(), 0, 0
-        self.own = OwnTime() if own is None else own
+        self.own = own
         self._updating: dict[str, int] = {}
         """Optimizer step → the thread's CPU time when its update began, while it runs."""
 

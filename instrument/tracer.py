@@ -130,7 +130,7 @@ class Tracer(IterationHooks, Closing):
         self._module, self.device, self._cuda = models.modules[0], models.device, models.cuda
         self._stamp, self._lane, self._guard = models.stamp, models.lane, models.probe.guard
         self._polled = models.probe.polled
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and models.probe.own is not None:  # the host clock's probe counts its own
             self._cpu = ThreadCpuCount(models.probe.own)
         self._blocks, self._layers = models.blocks, models.layers
         self._detailed_now = False
