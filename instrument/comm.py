@@ -103,6 +103,7 @@ class _Tap(dist.ProcessGroup):
             _inside.tap = False
             if self._own is not None:  # the real all-reduce's call is DDP's own cost, not the shim's
                 self._own.ns += time.perf_counter_ns() - began - real
+                self._own.launch_ns += real
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
         # The reducer broadcasts rank 0's bucket layout when it rebuilds its buckets.

@@ -48,12 +48,16 @@ class OwnTime:
     the iteration's end reads it: what dagtop adds to the step there, which the advisor takes out of its predictions
     (they are for the job without dagtop). Each hook adds its own, the clock read on entry and on exit (0.16 µs a
     hook on the 2-core test machine, ~1 % of what the hooks cost); what torch spends calling the hooks is not
-    counted (it is outside them)."""
+    counted (it is outside them).
 
-    __slots__ = ("ns",)
+    Beside it, ``launch_ns``: the real all-reduce calls the tap passes each bucket on to, DDP's own launch of its
+    buckets' collectives on the training thread, which regrouping the buckets or ``no_sync`` changes."""
+
+    __slots__ = ("launch_ns", "ns")
 
     def __init__(self) -> None:
         self.ns = 0
+        self.launch_ns = 0
 
 
 class Probe:

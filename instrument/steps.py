@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 class ThreadCpuCount:
     """The training thread's CPU time (``time.thread_time_ns``) in the iteration under way: since its start, in
-    its updates and in its loader's ``next()``; and the shim's own time in its hooks, which they add to ``own``
-    (:class:`~instrument.wire.ThreadCpu`'s parts)."""
+    its updates and in its loader's ``next()``; and the shim's own time in its hooks and DDP's launches of its
+    buckets' all-reduces, which they add to ``own`` (:class:`~instrument.wire.ThreadCpu`'s parts)."""
 
     __slots__ = ("_updating", "load", "own", "since", "update")
 
@@ -49,8 +49,9 @@ class ThreadCpuCount:
     def spent(self) -> ThreadCpu:
         """The iteration ending now; the count starts over for the next."""
         now = time.thread_time_ns()
-        spent = ThreadCpu(now - self.since, self.update, self.load, self.own.ns)
-        self.since, self.update, self.load, self.own.ns = now, 0, 0, 0
+        own = self.own
+        spent = ThreadCpu(now - self.since, self.update, self.load, own.ns, own.launch_ns)
+        self.since, self.update, self.load, own.ns, own.launch_ns = now, 0, 0, 0, 0
         return spent
 
 

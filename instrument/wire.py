@@ -139,6 +139,9 @@ class ThreadCpu(NamedTuple):
     shim_ns: int = 0
     """The shim's own time in its hooks (``perf_counter_ns``: on a CPU rank the thread's, as good as its CPU
     time); 0 where not measured (older shims)."""
+    launch_ns: int = 0
+    """DDP's launches of its buckets' all-reduces (the process group's calls, ``perf_counter_ns``); 0 where not
+    measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,11 +169,17 @@ class IterationBatch(Header):
                                                               "on the training thread (`time.perf_counter_ns`), "
                                                               "which the advisor takes out of its predictions; CPU "
                                                               "ranks only, 0 where not measured"))
+    launch_ns: int = field(default=0, metadata=wire(AddedInt(), "of the iteration, the training thread's time in "
+                                                                "the process group's all-reduce calls DDP launches "
+                                                                "its buckets with (`time.perf_counter_ns`), which "
+                                                                "regrouping the buckets or `no_sync` changes; CPU "
+                                                                "ranks only, 0 where not measured"))
 
     @property
     def thread_cpu(self) -> ThreadCpu | None:
         """The training thread's CPU times, where the rank measured them."""
-        return (ThreadCpu(self.cpu_ns, self.update_cpu_ns, self.load_cpu_ns, self.shim_ns) if self.cpu_ns
+        return (ThreadCpu(self.cpu_ns, self.update_cpu_ns, self.load_cpu_ns, self.shim_ns, self.launch_ns)
+                if self.cpu_ns
                 else None)
 
 
@@ -271,7 +280,7 @@ _HEADER: Final = layout_of(Header).fields
 """``seq`` and ``rank``: every frame opens with them, after ``v`` and ``k``."""
 _ITER: Final = _LAYOUT[IterationBatch]
 # encode_iteration's keys, from the layout; unpacking fails at import if the frame gains or loses a field.
-_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER, _CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM = (
+_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER, _CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM, _LAUNCH = (
     f.key for f in _LAYOUT[IterationBatch])
 
 
@@ -305,7 +314,7 @@ def encode_iteration(
     if sender:
         m[_SENDER] = sender
     if cpu is not None:
-        for key, ns in zip((_CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM), cpu):
+        for key, ns in zip((_CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM, _LAUNCH), cpu):
             if ns:
                 m[key] = ns
     return _pack(m)

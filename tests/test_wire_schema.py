@@ -46,7 +46,7 @@ def test_every_documented_key_is_one_the_codec_writes() -> None:
     frames = [  # every field added after the fact set, or it is left off the wire
         wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "1 block: M", "run", "m:1", 1, 1, 7,
                    Loader(2, 32, 100, 2, 1, 0)),
-        wire.IterationBatch(0, 0, 0, (), 0, 1, 7, 3, 2, 1, 1),
+        wire.IterationBatch(0, 0, 0, (), 0, 1, 7, 3, 2, 1, 1, 1),
         wire.Buckets(0, 0, (Bucket(0, 8, ("a", "b")),), 7, ((4, 4),), 1, 1),
         wire.Bye(0, 0, 0, 0, 1, 7),
         wire.Telemetry(0, 0, "h", 0, 0, HostStats(None, None, None, None),
