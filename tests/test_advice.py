@@ -60,6 +60,23 @@ def test_the_schedule_by_hand() -> None:
     assert finish_ns(layout, (1, 1), b, AllReduce(0.0, 1.0, 1.0, 2)) == pytest.approx(3_500_000)
 
 
+def test_each_bucket_fewer_saves_its_launch_on_the_backwards_thread() -> None:
+    """Three 1 MB buckets now, ready at 0, 0.5 and 1 ms, the backward over at 3 ms; handing each over took the
+    backward's thread 0.2 ms. In one bucket, B is ready one launch earlier (0.3 ms), C two (0.6 ms), and the
+    backward ends two launches earlier (2.6 ms)."""
+    layout = Layout(("a", "b", "c"), (10**6,) * 3, ("A", "B", "C"), (1, 1, 1))
+    b = Backward(0, {"A": 0, "B": 500_000, "C": 1_000_000}, 3_000_000, 3_000_000, 3.0)
+    cheap = AllReduce(0.0, 1e-3, 0.0, 2)  # 1 µs a MB: the backward's end is the step's
+    assert finish_ns(layout, (3,), b, cheap) == pytest.approx(3_000_000)
+    assert finish_ns(layout, (3,), b, cheap, launch_ns=200_000) == pytest.approx(2_600_000)
+    assert finish_ns(layout, (1, 1, 1), b, cheap, launch_ns=200_000) == pytest.approx(3_000_000)  # as now
+    comm = AllReduce(0.0, 1.0, 0.0, 2)  # 1 ms a MB: 3 ms from C's readiness, past the backward
+    assert finish_ns(layout, (3,), b, comm) == pytest.approx(4_000_000)
+    assert finish_ns(layout, (3,), b, comm, launch_ns=200_000) == pytest.approx(3_600_000)
+    one = dataclasses.replace(layout, now=(3,))  # the other way: two launches more, B and C later by 1 and 2
+    assert finish_ns(one, (1, 1, 1), b, cheap, launch_ns=200_000) == pytest.approx(3_400_000)
+
+
 def test_mg_wfbp_merges_where_the_wait_is_shorter_than_the_latency_it_saves() -> None:
     """A latency 2(P−1)α of 1 ms. Layer b is ready 0.2 ms after a's all-reduce could start: merged
     (0.2 < 1). Layer c comes 5 ms later, after ab's all-reduce is over: a group of its own."""

@@ -68,16 +68,16 @@ def test_accumulation_is_withheld_with_the_reason_where_the_replay_without_colle
 
 
 def _with_thread_cpu(snap: Snapshot, work_ms: float, share: float, ranks: tuple[int, ...] | None = None,
-                     shim_ms: float = 0.0) -> Snapshot:
+                     shim_ms: float = 0.0, launch_ms: float = 0.0) -> Snapshot:
     """``snap`` with each rank's training thread said to have done ``work_ms`` of CPU work in each iteration besides
-    its update and its loader's 1 ms, its update's CPU time ``share`` of the update's wall clock, and ``shim_ms`` of
-    it in dagtop's hooks."""
+    its update and its loader's 1 ms, its update's CPU time ``share`` of the update's wall clock, ``shim_ms`` of
+    it in dagtop's hooks and ``launch_ms`` in DDP's launches of its all-reduces."""
     cpus: dict[int, dict[int, wire.ThreadCpu]] = {}
     for a in snap.iterations:
         for r in a.ranks if ranks is None else ranks:
             update = int(share * sum(t.duration_ns for t in a.tasks.by_rank[r] if t.phase == "update"))
             cpus.setdefault(a.iteration, {})[r] = wire.ThreadCpu(int(work_ms * 1e6) + update + 1_000_000, update,
-                                                                 1_000_000, int(shim_ms * 1e6))
+                                                                 1_000_000, int(shim_ms * 1e6), int(launch_ms * 1e6))
     return dataclasses.replace(snap, thread_cpu=cpus)
 
 
@@ -106,6 +106,30 @@ def test_the_predictions_are_for_the_job_without_dagtops_own_time_in_its_hooks()
              for it, ranks in timed.thread_cpu.items()}
     partly = advise_snapshot(dataclasses.replace(timed, thread_cpu=older))
     assert partly.shim_ms == 0.0 and partly.fixes == plain.fixes
+
+
+def test_ddps_launches_of_its_all_reduces_come_off_each_micro_batch_and_off_each_bucket_fewer() -> None:
+    """DDP hands each bucket to the process group from the training thread, inside the backward: ``no_sync`` makes
+    no launch, and a grouping of fewer buckets makes fewer. The time the ranks said their launches took comes off
+    each micro-batch's CPU work (here 3 ms at half a core: 6 ms a micro-batch, three micro-batches of four), and a
+    launch's share of it (3 ms over the buckets now) off the backward for each bucket fewer than now."""
+    snap = run(COMM_HEAVY)
+    window = advice_module.window_of(snap.iterations)
+    identity = statistics.median(a.predicted_ms for a in window)
+    step = statistics.median(a.measured_ms for a in window)
+    plain, launched = (advise_snapshot(_with_thread_cpu(snap, 30.0, 0.5, launch_ms=ms)) for ms in (0.0, 3.0))
+    before, after = (next(c for c in a.fixes if c.kind is Kind.ACCUMULATION) for a in (plain, launched))
+    assert before.step_ms is not None and after.step_ms is not None
+    assert after.step_ms == pytest.approx(before.step_ms - step * 3 * 6.0 / identity, rel=1e-6)
+    assert "3.0 ms of launching the all-reduces" in after.evidence and "launching" not in before.evidence
+    assert plain.buckets is not None and launched.buckets is not None
+    now = len(plain.buckets.layout.now)
+    assert plain.buckets.launch_ns == 0 and launched.buckets.launch_ns == pytest.approx(3e6 / now)
+    bucket = next(c for c in launched.fixes if c.kind is Kind.BUCKETS)
+    assert f"each bucket's launch (DDP's call into the process group) {3e3 / now:.0f} µs" in bucket.evidence
+    moved = [(len(g.counts), h.median_ms - g.median_ms) for g, h in zip(plain.buckets.tried, launched.buckets.tried)]
+    assert any(ms < 0 for n, ms in moved if n < now)  # the backward ends a launch sooner for each bucket fewer
+    assert launched.buckets.now.step_ms == plain.buckets.now.step_ms  # the buckets now: as replayed
 
 
 def test_accumulation_on_cpu_ranks_prices_a_micro_batch_from_the_training_threads_cpu_time() -> None:

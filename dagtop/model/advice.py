@@ -23,7 +23,7 @@ from dagtop.model import verdict
 from dagtop.model.allreduce import fit
 from dagtop.model.analysis import model_error
 from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets, stretched, together_on
-from dagtop.model.candidate import MAX_REPLAY_ERROR, MIN_GAIN, Candidate, Confidence, Kind, Window, shim_ms
+from dagtop.model.candidate import MAX_REPLAY_ERROR, MIN_GAIN, Candidate, Confidence, Kind, Window, launch_ms, shim_ms
 from dagtop.model.candidates import MAKERS
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
 from instrument.wire import Buckets, Telemetry, ThreadCpu
@@ -148,11 +148,14 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
     comm = fit([o for b in backwards for o in b.observed()], ranks_now)
     units = {k for b in backwards for k in b.ready}
     layout = Layout.of(buckets, sorted(units)) if buckets is not None else None
+    cpus = thread_cpu or {}
+    launches = launch_ms(chosen, cpus)
     model = None
     if layout is not None and backwards and comm is not None and layout.mapped >= 0.5:
         together = together_on([r.device for r in ranks])
+        launch = launches * 1e6 / len(layout.now) if layout.now else 0.0
         if together == 1:
-            model = model_buckets(layout, backwards, comm)
+            model = model_buckets(layout, backwards, comm, launch)
             comm = model.comm
         else:
             # Regrouping is weighed on each all-reduce's share of the channel (buckets.shares): over a 1 Gbit/s
@@ -162,14 +165,13 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
             comm = stretched(layout, backwards, comm)
             shared = [b for b in (backward_of(a, together) for a in chosen) if b is not None]
             fitted = fit([o for b in shared for o in b.observed()], ranks_now)
-            model = model_buckets(layout, shared, fitted) if fitted is not None else None
+            model = model_buckets(layout, shared, fitted, launch) if fitted is not None else None
     copies, adds = (buckets.copy_ns / 1e6, buckets.add_ns / 1e6) if buckets is not None else (0.0, 0.0)
-    cpus = thread_cpu or {}
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
                tuple(backwards), layout, model, tuple(ranks), tuple(telemetry), copies_ms=copies, adds_ms=adds,
                history=tuple(counted[-verdict.HISTORY:]),
                thread_cpu={a.iteration: cpus[a.iteration] for a in chosen if a.iteration in cpus},
-               shim_ms=shim_ms(chosen, cpus))
+               shim_ms=shim_ms(chosen, cpus), launch_ms=launches)
     found = [c for make in MAKERS for c in make(w)]
     predicted = [c for c in found if c.confidence is not Confidence.WITHHELD]
     buying = {Kind.SCALE_OUT, Kind.NETWORK}

@@ -210,18 +210,35 @@ def shares(spans: Sequence[tuple[int, int, int]], together: int = 1) -> tuple[tu
 
 
 def finish_ns(layout: Layout, counts: Sequence[int], b: Backward, comm: AllReduce,
-              sizes: Sequence[int] | None = None, per_byte: float | None = None) -> float:
+              sizes: Sequence[int] | None = None, per_byte: float | None = None, launch_ns: float = 0.0) -> float:
     """When the backward and the last all-reduce are both over, for the grouping ``counts`` of ``layout``: each
     bucket is handed over when its last gradient is ready and the one before it was, and all-reduced once the one
     before it is done, stretched while the backward runs. ``sizes``: the parameters' bytes as sent (default: as
-    they are; halved for a 16-bit hook); ``per_byte`` in place of the fitted one."""
+    they are; halved for a 16-bit hook); ``per_byte`` in place of the fitted one. ``launch_ns``: what handing one
+    bucket over takes the backward's thread (DDP's call into the process group; CPU ranks): with fewer buckets
+    than now before it, a gradient is ready that much earlier for each launch fewer, and the backward ends so."""
     starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    ready = np.maximum.accumulate(np.maximum.reduceat(layout.ready_ns(b), starts)).tolist()
+    params = layout.ready_ns(b)
+    end = float(b.end)
+    if launch_ns and tuple(counts) != layout.now:
+        params = params - launch_ns * (_launched_before(layout.now, len(params)) - _launched_before(counts, len(params)))
+        end -= launch_ns * (len(layout.now) - len(counts))
+    ready = np.maximum.accumulate(np.maximum.reduceat(params, starts)).tolist()
     sent = np.add.reduceat(np.asarray(layout.sizes if sizes is None else sizes, dtype=np.float64), starts).tolist()
     channel = float("-inf")
     for handed, nbytes in zip(ready, sent):  # each bucket after the one before it: one at a time, in order
-        channel = comm.finish(max(channel, handed), comm.work(nbytes, per_byte), b.end)
-    return max(channel, float(b.end))
+        channel = comm.finish(max(channel, handed), comm.work(nbytes, per_byte), end)
+    return max(channel, end)
+
+
+def _launched_before(counts: Sequence[int], n: int) -> npt.NDArray[np.float64]:
+    """Per parameter, how many buckets of the grouping ``counts`` were handed over before its gradient was ready:
+    those whose last parameter comes before it.
+
+    >>> _launched_before([2, 3], 5).tolist()
+    [0.0, 0.0, 1.0, 1.0, 1.0]
+    """
+    return np.searchsorted(np.cumsum(counts) - 1, np.arange(n), side="left").astype(np.float64)
 
 
 def mg_wfbp(layout: Layout, b: Backward, comm: AllReduce) -> tuple[int, ...]:
@@ -296,13 +313,17 @@ class BucketModel:
     default: bool
     """Whether the buckets now are DDP's default ones."""
     iterations: int
+    launch_ns: float = 0.0
+    """What handing a bucket over took the backward's thread (:func:`finish_ns`), 0 where unmeasured."""
 
 
-def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> BucketModel:
+def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce,
+                  launch_ns: float = 0.0) -> BucketModel:
     """Every grouping tried, predicted on every backward given (at least one). Where α and β were fitted on the
     all-reduces after the backward alone, the stretch κ is the one whose schedule of the buckets now ends where the
     observed all-reduces ended (median over the backwards): the buckets beside the backward are few and their
-    durations, on a loaded machine, more scheduling than work, so they are weighed as a whole, not one by one."""
+    durations, on a loaded machine, more scheduling than work, so they are weighed as a whole, not one by one.
+    ``launch_ns``: what handing a bucket over takes the backward's thread (:func:`finish_ns`), 0 where unmeasured."""
     comm = stretched(layout, backwards, comm)
     typical = _typical(backwards)
     low = comm.sizes < 3  # two sizes cannot tell latency from stretch well below the smallest one
@@ -313,8 +334,8 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
         for b in backwards:
             for bound, steps in out.items():
                 per = max(comm.b_ns_per_byte + bound * comm.b_se, 0.0)
-                saved = finish_ns(layout, layout.now, b, comm, per_byte=per) - finish_ns(layout, counts, b, comm,
-                                                                                          per_byte=per)
+                saved = (finish_ns(layout, layout.now, b, comm, per_byte=per)
+                         - finish_ns(layout, counts, b, comm, per_byte=per, launch_ns=launch_ns))
                 steps.append(b.identity_ms - saved / 1e6)
         ends = sorted((statistics.median(out[-1]), statistics.median(out[1])))
         small = sum(1 for m in totals(layout.sizes, counts) if m < comm.smallest / 2)
@@ -338,7 +359,8 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
     modelled = statistics.median(finish_ns(layout, layout.now, b, comm) - b.end for b in backwards)
     observed = statistics.median(b.observed_end - b.end for b in backwards)
     error = abs(modelled - observed) / 1e6 / typical.identity_ms if typical.identity_ms > 0 else 0.0
-    return BucketModel(layout, comm, now, tuple(tried.values()), error, layout.now == default, len(backwards))
+    return BucketModel(layout, comm, now, tuple(tried.values()), error, layout.now == default, len(backwards),
+                       launch_ns)
 
 
 def stretched(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> AllReduce:

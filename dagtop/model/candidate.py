@@ -189,6 +189,9 @@ class Window:
     shim_ms: float = 0.0
     """dagtop's own time in a step: its hooks' on the training threads, where every rank measured it in every
     iteration of the window (CPU ranks; :func:`shim_ms`), else 0."""
+    launch_ms: float = 0.0
+    """DDP's launches of its buckets' all-reduces in a step, on the training threads, where every rank measured them
+    in every iteration of the window (CPU ranks; :func:`launch_ms`), else 0: ``no_sync`` makes none."""
 
     def predicted(self, per_iteration: Sequence[float], fit: tuple[float, float] | None = None,
                   base: Sequence[float] | None = None, samples: int = 1) -> tuple[float, float, tuple[float, float]]:
@@ -231,13 +234,28 @@ def shim_ms(analyses: Sequence[IterationAnalysis], thread_cpu: Mapping[int, Mapp
     and the shim's thread that sends the frames cost the step more (on the 41-layer MLP of
     benchmarks/advice_jobs.py, two CPU ranks, 2026-11-28: 1.2 of the 2.3 ms a step dagtop cost with DDP's default
     buckets, 2.4 of 4.1 ms with a bucket per layer), so what the predictions take out is the least of its cost."""
+    return _every_rank(analyses, thread_cpu, "shim_ns")
+
+
+def launch_ms(analyses: Sequence[IterationAnalysis], thread_cpu: Mapping[int, Mapping[int, ThreadCpu]]) -> float:
+    """What DDP's launches of its buckets' all-reduces (its calls into the process group) take the training thread in
+    a step of ``analyses``: the median over them of the ranks' median (``ThreadCpu.launch_ns``); 0 unless every rank
+    measured it in every one (CPU ranks of a shim that sends it). The least of what a bucket costs the thread:
+    the reducer's own bookkeeping around each is outside the call."""
+    return _every_rank(analyses, thread_cpu, "launch_ns")
+
+
+def _every_rank(analyses: Sequence[IterationAnalysis], thread_cpu: Mapping[int, Mapping[int, ThreadCpu]],
+                part: str) -> float:
+    """The median over ``analyses`` of the ranks' median ``part`` of their ``ThreadCpu``, in ms; 0 unless every
+    rank sent it, nonzero, in every one."""
     per = []
     for a in analyses:
         ranks = thread_cpu.get(a.iteration, {})
-        own = [ranks[r].shim_ns for r in a.ranks if r in ranks]
-        if len(own) < len(a.ranks) or not all(own):
+        ns = [getattr(ranks[r], part) for r in a.ranks if r in ranks]
+        if len(ns) < len(a.ranks) or not all(ns):
             return 0.0
-        per.append(statistics.median(own) / 1e6)
+        per.append(statistics.median(ns) / 1e6)
     return statistics.median(per) if per else 0.0
 
 

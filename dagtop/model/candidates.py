@@ -87,8 +87,11 @@ def _buckets(w: Window) -> list[Candidate]:
             best = uniform
     confidence, doubt = confidence_of(Kind.BUCKETS)
     scale = w.step_ms / w.identity_ms if w.identity_ms > 0 else 1.0
+    launch = (f"; each bucket's launch (DDP's call into the process group) {w.buckets.launch_ns / 1e3:.0f} µs of the "
+              "backward's thread, one saved with each bucket fewer" if w.buckets.launch_ns else "")
     evidence = (f"{len(w.layout.now)} buckets now; the schedule replays their all-reduces {w.buckets.error * 100:.1f} % "
-                f"of the step off the observed ({w.buckets.comm.describe()}); {len(w.buckets.tried)} groupings replayed on "
+                f"of the step off the observed ({w.buckets.comm.describe()}){launch}; {len(w.buckets.tried)} groupings "
+                "replayed on "
                 f"{w.buckets.iterations} iterations: " + ", ".join(
                     f"{g.label.split(' (')[0]} {g.median_ms * scale:.1f} ms" + (" (latency extrapolated)"
                                                                                if g.extrapolated else "")
