@@ -62,8 +62,7 @@ def _accumulation(w: Window, free: dict[int, float], exposed: float, gpu: bool) 
     its all-reduces took from the backward beside which they ran (gloo reduces on the ranks' cores): their work
     alone (the α-β fit) less what they did after the backward, within their time beside it; and without DDP's copies
     of the gradients into its buckets and back but with autograd's adding each micro-batch's gradients to those
-    accumulated, where the shim timed them (``Window.copies_ms``, ``Window.adds_ms``: K − 1 of each per update), and
-    without DDP's launches of the all-reduces (``Window.launch_ms``)."""
+    accumulated, where the shim timed them (``Window.copies_ms``, ``Window.adds_ms``: K − 1 of each per update)."""
     k = ACCUMULATE
     priced = None if gpu else _on_the_thread(w)
     if priced is not None:
@@ -75,7 +74,7 @@ def _accumulation(w: Window, free: dict[int, float], exposed: float, gpu: bool) 
         comm = w.comm
         beside = {b.iteration: sum(comm.done_beside(m, s, e, b.end) for m, s, e in b.collectives) / 1e6
                   for b in w.backwards}
-    passes = w.copies_ms - w.adds_ms + w.launch_ms
+    passes = w.copies_ms - w.adds_ms
     per = [(k - 1) * max(free[a.iteration] - _update_ms(a) - beside.get(a.iteration, 0.0) - passes, 0.0)
            + a.predicted_ms for a in w.analyses]
     cpu = (f", nor the {statistics.median(beside.values()):.1f} ms of CPU their all-reduces took from the backward "
@@ -83,8 +82,6 @@ def _accumulation(w: Window, free: dict[int, float], exposed: float, gpu: bool) 
     if w.copies_ms or w.adds_ms:
         cpu += (f", nor the {w.copies_ms:.1f} ms of DDP's copies of the gradients into its buckets and back, but with "
                 f"the {w.adds_ms:.1f} ms of adding them to those accumulated")
-    if w.launch_ms:
-        cpu += f", nor the {w.launch_ms:.1f} ms of DDP's launching its all-reduces"
     # The 'perfect overlap' replay is a lower bound where CPU ranks share a host; accumulation's re-runs missed
     # both ways (its doubt), so no bound is claimed for it: said, not hidden.
     bounded = any(x.lower_bound for a in w.analyses for x in a.what_if if x.change is Change.PERFECT_OVERLAP)
@@ -97,11 +94,10 @@ def _accumulation(w: Window, free: dict[int, float], exposed: float, gpu: bool) 
 def _on_the_thread(w: Window) -> tuple[dict[int, float], str] | None:
     """A micro-batch under ``no_sync`` on CPU ranks, per iteration, from what each rank's training thread did: its
     CPU work (its CPU time less the update's, the loader's, DDP's copies and its launches of the buckets'
-    all-reduces, with the adds accumulation makes),
-    stretched by whichever is more, the share of a core the thread had in its updates (where no collective runs) or
-    the time its compute took over the fastest rank's (the window's medians: what slows one rank and not the others
-    is not communication, and ``no_sync`` keeps it), plus its wait for data; the slowest rank's. None unless every
-    rank measured every iteration of the window.
+    all-reduces, with the adds accumulation makes), stretched by whichever is more, the share of a core the thread
+    had in its updates (where no collective runs) or the time its compute took over the fastest rank's (the
+    window's medians: what slows one rank and not the others is not communication, and ``no_sync`` keeps it), plus
+    its wait for data; the slowest rank's. None unless every rank measured every iteration of the window.
 
     A synced step's all-reduces run on gloo's threads beside the training thread: on shared cores its compute takes
     longer by the wall clock than by its own CPU time, which a replay of the wall-clock tasks keeps and no fit over
