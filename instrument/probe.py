@@ -51,13 +51,22 @@ class OwnTime:
     counted (it is outside them).
 
     Beside it, ``launch_ns``: the real all-reduce calls the tap passes each bucket on to, DDP's own launch of its
-    buckets' collectives on the training thread, which regrouping the buckets or ``no_sync`` changes."""
+    buckets' collectives on the training thread, which regrouping the buckets or ``no_sync`` changes. And
+    ``threads``: the shim's own threads (the publisher's, the telemetry's), each keeping its CPU time so far in
+    ``cpu_ns``, which the process's CPU time beside the training thread's is counted without."""
 
-    __slots__ = ("launch_ns", "ns")
+    __slots__ = ("launch_ns", "ns", "threads")
 
     def __init__(self) -> None:
         self.ns = 0
         self.launch_ns = 0
+        self.threads: list[ThreadClock] = []
+
+
+class ThreadClock(Protocol):
+    """A thread of the shim's that keeps its own CPU time (``time.thread_time_ns``) as it runs."""
+
+    cpu_ns: int
 
 
 class Probe:

@@ -124,6 +124,9 @@ class Publisher:
         """A byte is on its way: the next hand-over skips the write (one syscall an iteration at most)."""
         self.turns = 0
         """Times the publisher thread woke up: idle, a few a second (hellos), not a poll every few ms."""
+        self.cpu_ns = 0
+        """The publisher thread's CPU time as of the end of its last turn (``time.thread_time_ns``), which the
+        process's CPU time beside the training thread is counted without."""
         self._thread = threading.Thread(target=self._run, name="dagtop-publisher", daemon=True)
         self._thread.start()
 
@@ -335,6 +338,7 @@ class Publisher:
             sleep_s = due - time.monotonic()
             if waiting_on_gpu:
                 sleep_s = min(sleep_s, GPU_POLL_S)
+            self.cpu_ns = time.thread_time_ns()
             ready = dict(poller.poll(max(0, int(sleep_s * 1000) + 1)))
 
     def _hold_until(self, started: float, stopping: bool) -> float:

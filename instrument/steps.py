@@ -27,14 +27,17 @@ if TYPE_CHECKING:
 
 class ThreadCpuCount:
     """The training thread's CPU time (``time.thread_time_ns``) in the iteration under way: since its start, in
-    its updates and in its loader's ``next()``; and the shim's own time in its hooks and DDP's launches of its
-    buckets' all-reduces, which they add to ``own`` (:class:`~instrument.wire.ThreadCpu`'s parts)."""
+    its updates and in its loader's ``next()``; the shim's own time in its hooks and DDP's launches of its
+    buckets' all-reduces, which they add to ``own``; and the process's other threads' CPU time (gloo's), less the
+    shim's threads' (:class:`~instrument.wire.ThreadCpu`'s parts)."""
 
-    __slots__ = ("_updating", "load", "own", "since", "update")
+    __slots__ = ("_updating", "load", "others", "own", "since", "update")
 
     def __init__(self, own: OwnTime) -> None:
-        self.since, self.update, self.load = time.thread_time_ns(), 0, 0
         self.own = own
+        self.since, self.update, self.load = time.thread_time_ns(), 0, 0
+        self.others = self._beside(self.since)
+        """The process's CPU time not the training thread's, less the shim's threads', at the iteration's start."""
         self._updating: dict[str, int] = {}
         """Optimizer step → the thread's CPU time when its update began, while it runs."""
 
@@ -49,10 +52,17 @@ class ThreadCpuCount:
     def spent(self) -> ThreadCpu:
         """The iteration ending now; the count starts over for the next."""
         now = time.thread_time_ns()
+        beside = self._beside(now)
         own = self.own
-        spent = ThreadCpu(now - self.since, self.update, self.load, own.ns, own.launch_ns)
-        self.since, self.update, self.load, own.ns, own.launch_ns = now, 0, 0, 0, 0
+        spent = ThreadCpu(now - self.since, self.update, self.load, own.ns, own.launch_ns,
+                          max(beside - self.others, 0))
+        self.since, self.update, self.load, own.ns, own.launch_ns, self.others = now, 0, 0, 0, 0, beside
         return spent
+
+    def _beside(self, thread_ns: int) -> int:
+        """The process's CPU time so far less the training thread's (``thread_ns``, just read) and the shim's
+        threads' (each as of its last turn: what one spends after it counts in the next iteration)."""
+        return time.process_time_ns() - thread_ns - sum(t.cpu_ns for t in self.own.threads)
 
 
 class IterationHooks:

@@ -228,6 +228,9 @@ class TelemetryThread:
         self.first_after_s = FIRST_AFTER_S if first_after_s is None else first_after_s
         self._host_probe, self._gpu_probe = host_probe, gpu_probe
         self.samples = 0
+        self.cpu_ns = 0
+        """This thread's CPU time as of its last sample (``time.thread_time_ns``), which the process's CPU time
+        beside the training thread is counted without."""
         self.failure: BaseException | None = None
         """What stopped the thread early, if anything (kept for tests; training is never told)."""
         self._stop = threading.Event()
@@ -255,6 +258,7 @@ class TelemetryThread:
             if gpu is not None:
                 note = gpu.start()
             wait = self.first_after_s
+            self.cpu_ns = time.thread_time_ns()
             while not self._stop.wait(wait):
                 started = time.monotonic()
                 self._put(wire.Telemetry(
@@ -263,6 +267,7 @@ class TelemetryThread:
                     gpu=gpu.sample() if gpu is not None else None, note=note,
                 ))
                 self.samples += 1
+                self.cpu_ns = time.thread_time_ns()
                 wait = max(0.0, self.every_s - (time.monotonic() - started))
         except BaseException as exc:  # noqa: BLE001 - telemetry is a nicety: it stops, training never hears of it
             self.failure = exc

@@ -162,6 +162,8 @@ class Tracer(IterationHooks, Closing):
             self._telemetry = TelemetryThread(self._publisher.put_telemetry, rank=self.rank,
                                               local_rank=self.local_rank, host=socket.gethostname(),
                                               cuda_index=cuda_index)
+        if models.probe.own is not None:  # the CPU time beside the training thread's is counted without theirs
+            models.probe.own.threads.extend(t for t in (self._publisher, self._telemetry) if t is not None)
         timed = time_collectives(models.ddp, models.modules, self.rank, self.world, models.probe,
                                  lambda: self.iteration)
         self._comm, self._script = timed.buckets, timed.script

@@ -129,7 +129,8 @@ class Hello(Header):
 
 
 class ThreadCpu(NamedTuple):
-    """The training thread's CPU time over one iteration (``time.thread_time_ns``), and two parts of it."""
+    """The training thread's CPU time over one iteration (``time.thread_time_ns``), parts of it, and the process's
+    beside it."""
 
     total_ns: int
     update_ns: int
@@ -142,6 +143,9 @@ class ThreadCpu(NamedTuple):
     launch_ns: int = 0
     """DDP's launches of its buckets' all-reduces (the process group's calls, ``perf_counter_ns``); 0 where not
     measured."""
+    others_ns: int = 0
+    """Not the training thread's: the process's other threads' CPU time (gloo's, ``time.process_time_ns``), less
+    the shim's threads'; 0 where not measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +178,18 @@ class IterationBatch(Header):
                                                                 "its buckets with (`time.perf_counter_ns`), which "
                                                                 "regrouping the buckets or `no_sync` changes; CPU "
                                                                 "ranks only, 0 where not measured"))
+    others_cpu_ns: int = field(default=0, metadata=wire(AddedInt(), "beside `cpu_ns`, the process's other "
+                                                                    "threads' CPU time over the iteration (gloo's; "
+                                                                    "`time.process_time_ns`), less the shim's own "
+                                                                    "threads': what the advisor weighs the "
+                                                                    "all-reduces' CPU work by; CPU ranks only, 0 "
+                                                                    "where not measured"))
 
     @property
     def thread_cpu(self) -> ThreadCpu | None:
         """The training thread's CPU times, where the rank measured them."""
-        return (ThreadCpu(self.cpu_ns, self.update_cpu_ns, self.load_cpu_ns, self.shim_ns, self.launch_ns)
+        return (ThreadCpu(self.cpu_ns, self.update_cpu_ns, self.load_cpu_ns, self.shim_ns, self.launch_ns,
+                          self.others_cpu_ns)
                 if self.cpu_ns
                 else None)
 
@@ -280,7 +291,8 @@ _HEADER: Final = layout_of(Header).fields
 """``seq`` and ``rank``: every frame opens with them, after ``v`` and ``k``."""
 _ITER: Final = _LAYOUT[IterationBatch]
 # encode_iteration's keys, from the layout; unpacking fails at import if the frame gains or loses a field.
-_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER, _CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM, _LAUNCH = (
+(_SEQ, _RANK, _IT, _EV, _DROPPED, _DROPPED_QUEUE, _SENDER, _CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM, _LAUNCH,
+ _OTHERS) = (
     f.key for f in _LAYOUT[IterationBatch])
 
 
@@ -314,7 +326,7 @@ def encode_iteration(
     if sender:
         m[_SENDER] = sender
     if cpu is not None:
-        for key, ns in zip((_CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM, _LAUNCH), cpu):
+        for key, ns in zip((_CPU, _UPDATE_CPU, _LOAD_CPU, _SHIM, _LAUNCH, _OTHERS), cpu):
             if ns:
                 m[key] = ns
     return _pack(m)

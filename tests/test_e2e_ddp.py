@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -83,10 +84,12 @@ def test_every_complete_iteration_has_every_task_of_both_ranks(tmp_path: Path, e
             assert cpu.load_ns <= phase["load"][0].end_ns - phase["load"][0].start_ns + MS, where
             assert cpu.shim_ns > 0, where  # the shim's own hooks, timed by the wall clock
             assert cpu.launch_ns > 0, where  # DDP's calls handing each bucket's all-reduce to gloo
+            assert cpu.others_ns > 0, where  # gloo's threads, which reduce each bucket
             before = by_iteration.get(it - 1, {}).get(rank)
             if before is not None:  # from the last iteration's end to this one's, read just after its update
                 since = update.end_ns - max(e.end_ns for e in before.events if e.phase == "update")
                 assert cpu.total_ns <= since + MS and cpu.shim_ns + cpu.launch_ns < since, where
+                assert cpu.others_ns <= (os.cpu_count() or 1) * (since + MS), where
 
 
 def test_the_job_runs_to_the_end_with_no_monitor_listening(endpoint: str) -> None:

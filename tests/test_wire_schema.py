@@ -46,7 +46,7 @@ def test_every_documented_key_is_one_the_codec_writes() -> None:
     frames = [  # every field added after the fact set, or it is left off the wire
         wire.Hello(3, 1, 2, 1, "h", 1, "cpu", "t", "M", 1, "block", 1, 1, "1 block: M", "run", "m:1", 1, 1, 7,
                    Loader(2, 32, 100, 2, 1, 0)),
-        wire.IterationBatch(0, 0, 0, (), 0, 1, 7, 3, 2, 1, 1, 1),
+        wire.IterationBatch(0, 0, 0, (), 0, 1, 7, 3, 2, 1, 1, 1, 1),
         wire.Buckets(0, 0, (Bucket(0, 8, ("a", "b")),), 7, ((4, 4),), 1, 1),
         wire.Bye(0, 0, 0, 0, 1, 7),
         wire.Telemetry(0, 0, "h", 0, 0, HostStats(None, None, None, None),
@@ -115,10 +115,10 @@ _count = st.integers(0, 2**63 - 1)
 
 @settings(max_examples=200, deadline=None)
 @given(_count, st.integers(0, 1 << 20), _count, st.lists(_event, max_size=20), _count, st.sampled_from([0, 1, 2**40]),
-       st.sampled_from([0, 1, 2**31 - 1]), st.none() | st.tuples(*[st.sampled_from([0, 1, 2**40])] * 4))
+       st.sampled_from([0, 1, 2**31 - 1]), st.none() | st.tuples(*[st.sampled_from([0, 1, 2**40])] * 6))
 def test_the_shims_iteration_encoder_writes_what_the_frame_encoder_writes(
         seq: int, rank: int, iteration: int, events: list[tuple[object, ...]], dropped: int, dropped_queue: int,
-        sender: int, cpu: tuple[int, int, int, int] | None) -> None:
+        sender: int, cpu: tuple[int, int, int, int, int, int] | None) -> None:
     """encode_iteration skips building the frame, not the layout: the same bytes, decoding to the same frame."""
     frame = wire.IterationBatch(seq, rank, iteration, tuple(wire.Event(*e) for e in events), dropped,  # type: ignore[arg-type]
                                 dropped_queue, sender, *(cpu or ()))
