@@ -18,7 +18,7 @@ from dagtop.model import candidate as candidate_module
 from dagtop.model import candidates
 from dagtop.model.advice import Advice, Candidate, Kind, advise, advise_snapshot
 from dagtop.model.allreduce import AllReduce, fit
-from dagtop.model.buckets import Backward, Layout, ddp_buckets, finish_ns, limits_for, mg_wfbp
+from dagtop.model.buckets import Backward, Layout, ddp_buckets, finish_ns, limits_for, mg_wfbp, steal_of
 from dagtop.model.synthetic import SyntheticJob
 from dagtop.model.verdict import WINDOW
 from instrument import wire
@@ -75,6 +75,27 @@ def test_each_bucket_fewer_saves_its_launch_on_the_backwards_thread() -> None:
     assert finish_ns(layout, (3,), b, comm, launch_ns=200_000) == pytest.approx(3_600_000)
     one = dataclasses.replace(layout, now=(3,))  # the other way: two launches more, B and C later by 1 and 2
     assert finish_ns(one, (1, 1, 1), b, cheap, launch_ns=200_000) == pytest.approx(3_400_000)
+
+
+def test_gloos_work_beside_the_backward_is_given_back_by_a_grouping_that_runs_less_there() -> None:
+    """Three buckets now, ready at 0, 0.5 and 1 ms, each all-reduce 0.5 ms alone (α only): all 1.5 ms of their work
+    runs beside the 3-ms backward; one bucket (ready at 1 ms) runs 0.5 ms there. Gloo's threads having taken half a
+    ms of the backward per ms of that work, the backward is 0.5 ms shorter in one bucket: stretched from its first
+    gradient (at 0) by 2.5/3, over at 2.5 ms, the one all-reduce (from 0.83 ms) long done. The other way round, from
+    one bucket now to three, it is 0.5 ms longer."""
+    layout = Layout(("a", "b", "c"), (10**6,) * 3, ("A", "B", "C"), (1, 1, 1))
+    b = Backward(0, {"A": 0, "B": 500_000, "C": 1_000_000}, 3_000_000, 3_000_000, 3.0)
+    comm = AllReduce(500_000.0, 0.0, 0.0, 2)
+    assert finish_ns(layout, (3,), b, comm) == pytest.approx(3_000_000)
+    assert finish_ns(layout, (3,), b, comm, steal=0.5) == pytest.approx(2_500_000)
+    assert finish_ns(layout, (1, 1, 1), b, comm, steal=0.5) == pytest.approx(3_000_000)  # as recorded
+    one = dataclasses.replace(layout, now=(3,))
+    assert finish_ns(one, (1, 1, 1), b, comm, steal=0.5) == pytest.approx(3_500_000)
+    # The share: 0.75 ms of CPU a step beside the training thread over the 1.5 ms the three all-reduces take alone,
+    # where the rank has a single core; none with a core to spare or where the host's cores are not known.
+    assert steal_of(layout, comm, 0.75, 1) == pytest.approx(0.5)
+    assert steal_of(layout, comm, 3.0, 1) == 1.0
+    assert steal_of(layout, comm, 0.75, 2) == steal_of(layout, comm, 0.75, None) == steal_of(layout, comm, 0.0, 1) == 0
 
 
 def test_mg_wfbp_merges_where_the_wait_is_shorter_than_the_latency_it_saves() -> None:

@@ -22,8 +22,19 @@ from dataclasses import dataclass
 from dagtop.model import verdict
 from dagtop.model.allreduce import fit
 from dagtop.model.analysis import model_error
-from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets, stretched, together_on
-from dagtop.model.candidate import MAX_REPLAY_ERROR, MIN_GAIN, Candidate, Confidence, Kind, Window, launch_ms, shim_ms
+from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets, steal_of, stretched, together_on
+from dagtop.model.candidate import (
+    MAX_REPLAY_ERROR,
+    MIN_GAIN,
+    Candidate,
+    Confidence,
+    Kind,
+    Window,
+    cores_per_rank,
+    launch_ms,
+    others_ms,
+    shim_ms,
+)
 from dagtop.model.candidates import MAKERS
 from dagtop.model.snapshot import IterationAnalysis, RankInfo, Snapshot
 from instrument.wire import Buckets, Telemetry, ThreadCpu
@@ -154,8 +165,9 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
     if layout is not None and backwards and comm is not None and layout.mapped >= 0.5:
         together = together_on([r.device for r in ranks])
         launch = launches * 1e6 / len(layout.now) if layout.now else 0.0
+        beside, cores = others_ms(chosen, cpus), cores_per_rank(ranks, telemetry)
         if together == 1:
-            model = model_buckets(layout, backwards, comm, launch)
+            model = model_buckets(layout, backwards, comm, launch, steal_of(layout, comm, beside, cores))
             comm = model.comm
         else:
             # Regrouping is weighed on each all-reduce's share of the channel (buckets.shares): over a 1 Gbit/s
@@ -165,7 +177,8 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
             comm = stretched(layout, backwards, comm)
             shared = [b for b in (backward_of(a, together) for a in chosen) if b is not None]
             fitted = fit([o for b in shared for o in b.observed()], ranks_now)
-            model = model_buckets(layout, shared, fitted, launch) if fitted is not None else None
+            model = (model_buckets(layout, shared, fitted, launch, steal_of(layout, fitted, beside, cores))
+                     if fitted is not None else None)
     copies, adds = (buckets.copy_ns / 1e6, buckets.add_ns / 1e6) if buckets is not None else (0.0, 0.0)
     w = Window(tuple(chosen), step, statistics.median(a.predicted_ms for a in chosen), ranks_now, comm,
                tuple(backwards), layout, model, tuple(ranks), tuple(telemetry), copies_ms=copies, adds_ms=adds,

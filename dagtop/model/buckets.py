@@ -210,25 +210,64 @@ def shares(spans: Sequence[tuple[int, int, int]], together: int = 1) -> tuple[tu
 
 
 def finish_ns(layout: Layout, counts: Sequence[int], b: Backward, comm: AllReduce,
-              sizes: Sequence[int] | None = None, per_byte: float | None = None, launch_ns: float = 0.0) -> float:
+              sizes: Sequence[int] | None = None, per_byte: float | None = None, launch_ns: float = 0.0,
+              steal: float = 0.0) -> float:
     """When the backward and the last all-reduce are both over, for the grouping ``counts`` of ``layout``: each
     bucket is handed over when its last gradient is ready and the one before it was, and all-reduced once the one
     before it is done, stretched while the backward runs. ``sizes``: the parameters' bytes as sent (default: as
     they are; halved for a 16-bit hook); ``per_byte`` in place of the fitted one. ``launch_ns``: what handing one
     bucket over takes the backward's thread (DDP's call into the process group; CPU ranks): with fewer buckets
-    than now before it, a gradient is ready that much earlier for each launch fewer, and the backward ends so."""
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    than now before it, a gradient is ready that much earlier for each launch fewer, and the backward ends so.
+    ``steal``: what each ns of all-reduce work beside the backward takes from it (gloo's threads on the cores of a
+    CPU rank with none to spare; :func:`steal_of`): the backward, as recorded beside the buckets now, is
+    lengthened (shortened) evenly by that much of the work a grouping runs beside it more (less) than they do."""
     params = layout.ready_ns(b)
     end = float(b.end)
-    if launch_ns and tuple(counts) != layout.now:
-        params = params - launch_ns * (_launched_before(layout.now, len(params)) - _launched_before(counts, len(params)))
-        end -= launch_ns * (len(layout.now) - len(counts))
+    if tuple(counts) != layout.now:
+        if launch_ns:
+            params = params - launch_ns * (_launched_before(layout.now, len(params))
+                                           - _launched_before(counts, len(params)))
+            end -= launch_ns * (len(layout.now) - len(counts))
+        if steal:
+            lost = steal * (_schedule(layout, counts, params, end, comm, sizes, per_byte)[1]
+                            - _schedule(layout, layout.now, layout.ready_ns(b), float(b.end), comm, sizes, per_byte)[1])
+            first = float(params.min())
+            scale = max(1 + lost / (end - first), 0.0) if end > first else 1.0
+            params, end = first + (params - first) * scale, first + (end - first) * scale
+    return _schedule(layout, counts, params, end, comm, sizes, per_byte)[0]
+
+
+def _schedule(layout: Layout, counts: Sequence[int], params: npt.NDArray[np.float64], end: float, comm: AllReduce,
+              sizes: Sequence[int] | None, per_byte: float | None) -> tuple[float, float]:
+    """:func:`finish_ns`'s schedule of the grouping ``counts`` with each parameter's gradient ready at ``params`` and
+    the backward over at ``end``: when the backward and the last all-reduce are both over, and how much of the
+    all-reduces' work (as long as it takes alone) ran beside the backward."""
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     ready = np.maximum.accumulate(np.maximum.reduceat(params, starts)).tolist()
     sent = np.add.reduceat(np.asarray(layout.sizes if sizes is None else sizes, dtype=np.float64), starts).tolist()
-    channel = float("-inf")
+    channel, beside = float("-inf"), 0.0
     for handed, nbytes in zip(ready, sent):  # each bucket after the one before it: one at a time, in order
-        channel = comm.finish(max(channel, handed), comm.work(nbytes, per_byte), end)
-    return max(channel, end)
+        start, work = max(channel, handed), comm.work(nbytes, per_byte)
+        channel = comm.finish(start, work, end)
+        if start < end:
+            beside += min(work, (end - start) / (1 + comm.kappa))
+    return max(channel, end), beside
+
+
+def steal_of(layout: Layout, comm: AllReduce, others_ms: float, cores_per_rank: int | None) -> float:
+    """What each ns of all-reduce work beside the backward takes from it on a CPU rank: gloo's threads reduce on
+    the rank's cores, and where a rank has no core to spare beside its training thread (``cores_per_rank`` under
+    2) they take it from the backward. The share is the CPU time those threads spent a step (``others_ms``: the
+    process's beside the training thread, :attr:`~instrument.wire.ThreadCpu.others_ns`) over the work the fitted
+    α-β model gives the buckets now, at most 1; 0 with a core to spare, unknown cores or no CPU times (GPU ranks).
+
+    >>> steal_of(Layout(("a", "b"), (4, 4), ("a", "b"), (1, 1)), AllReduce(1e6, 0.0, 0.0, 2), 1.0, 1)
+    0.5
+    """
+    if not others_ms or cores_per_rank is None or cores_per_rank >= 2:
+        return 0.0
+    work = sum(comm.work(n) for n in totals(layout.sizes, layout.now))
+    return min(others_ms * 1e6 / work, 1.0) if work > 0 else 0.0
 
 
 def _launched_before(counts: Sequence[int], n: int) -> npt.NDArray[np.float64]:
@@ -315,15 +354,18 @@ class BucketModel:
     iterations: int
     launch_ns: float = 0.0
     """What handing a bucket over took the backward's thread (:func:`finish_ns`), 0 where unmeasured."""
+    steal: float = 0.0
+    """What each ns of all-reduce work beside the backward took from it (:func:`steal_of`), 0 where none."""
 
 
 def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce,
-                  launch_ns: float = 0.0) -> BucketModel:
+                  launch_ns: float = 0.0, steal: float = 0.0) -> BucketModel:
     """Every grouping tried, predicted on every backward given (at least one). Where α and β were fitted on the
     all-reduces after the backward alone, the stretch κ is the one whose schedule of the buckets now ends where the
     observed all-reduces ended (median over the backwards): the buckets beside the backward are few and their
     durations, on a loaded machine, more scheduling than work, so they are weighed as a whole, not one by one.
-    ``launch_ns``: what handing a bucket over takes the backward's thread (:func:`finish_ns`), 0 where unmeasured."""
+    ``launch_ns``: what handing a bucket over takes the backward's thread, ``steal`` what each ns of all-reduce work
+    beside the backward takes from it (:func:`finish_ns`); 0 where unmeasured."""
     comm = stretched(layout, backwards, comm)
     typical = _typical(backwards)
     low = comm.sizes < 3  # two sizes cannot tell latency from stretch well below the smallest one
@@ -335,7 +377,7 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
             for bound, steps in out.items():
                 per = max(comm.b_ns_per_byte + bound * comm.b_se, 0.0)
                 saved = (finish_ns(layout, layout.now, b, comm, per_byte=per)
-                         - finish_ns(layout, counts, b, comm, per_byte=per, launch_ns=launch_ns))
+                         - finish_ns(layout, counts, b, comm, per_byte=per, launch_ns=launch_ns, steal=steal))
                 steps.append(b.identity_ms - saved / 1e6)
         ends = sorted((statistics.median(out[-1]), statistics.median(out[1])))
         small = sum(1 for m in totals(layout.sizes, counts) if m < comm.smallest / 2)
@@ -360,7 +402,7 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
     observed = statistics.median(b.observed_end - b.end for b in backwards)
     error = abs(modelled - observed) / 1e6 / typical.identity_ms if typical.identity_ms > 0 else 0.0
     return BucketModel(layout, comm, now, tuple(tried.values()), error, layout.now == default, len(backwards),
-                       launch_ns)
+                       launch_ns, steal)
 
 
 def stretched(layout: Layout, backwards: Sequence[Backward], comm: AllReduce) -> AllReduce:

@@ -248,6 +248,23 @@ def launch_ms(analyses: Sequence[IterationAnalysis], thread_cpu: Mapping[int, Ma
     return _every_rank(analyses, thread_cpu, "launch_ns")
 
 
+def others_ms(analyses: Sequence[IterationAnalysis], thread_cpu: Mapping[int, Mapping[int, ThreadCpu]]) -> float:
+    """The process's CPU time beside the training thread in a step of ``analyses`` (gloo's threads; less the
+    shim's): the median over them of the ranks' median (``ThreadCpu.others_ns``); 0 unless every rank measured it
+    in every one (CPU ranks of a shim that sends it)."""
+    return _every_rank(analyses, thread_cpu, "others_ns")
+
+
+def cores_per_rank(ranks: Sequence[RankInfo], telemetry: Sequence[Telemetry]) -> int | None:
+    """The fewest CPUs per rank over the hosts (from the telemetry), None where no host says."""
+    per_host: dict[str, int] = {}
+    for r in ranks:
+        per_host[r.host] = per_host.get(r.host, 0) + 1
+    cpus = {t.host: t.host_stats.cpus for t in telemetry if t.host_stats is not None and t.host_stats.cpus}
+    known = [cpus[h] // n for h, n in per_host.items() if h in cpus]
+    return max(min(known), 1) if known else None
+
+
 def _every_rank(analyses: Sequence[IterationAnalysis], thread_cpu: Mapping[int, Mapping[int, ThreadCpu]],
                 part: str) -> float:
     """The median over ``analyses`` of the ranks' median ``part`` of their ``ThreadCpu``, in ms; 0 unless every

@@ -18,6 +18,7 @@ from dagtop.model.candidate import (
     Kind,
     Window,
     confidence_of,
+    cores_per_rank,
     withheld,
 )
 from dagtop.model.change import Change
@@ -89,6 +90,10 @@ def _buckets(w: Window) -> list[Candidate]:
     scale = w.step_ms / w.identity_ms if w.identity_ms > 0 else 1.0
     launch = (f"; each bucket's launch (DDP's call into the process group) {w.buckets.launch_ns / 1e3:.0f} µs of the "
               "backward's thread, one saved with each bucket fewer" if w.buckets.launch_ns else "")
+    if w.buckets.steal:
+        launch += (f"; gloo's threads reduce on cores the rank has none to spare of: {w.buckets.steal:.2f} ms of the "
+                   "backward's lost per ms of all-reduce work beside it, which a grouping that runs less there gives "
+                   "back")
     evidence = (f"{len(w.layout.now)} buckets now; the schedule replays their all-reduces {w.buckets.error * 100:.1f} % "
                 f"of the step off the observed ({w.buckets.comm.describe()}){launch}; {len(w.buckets.tried)} groupings "
                 "replayed on "
@@ -150,7 +155,7 @@ def _workers(w: Window, io: Sequence[float], ranks: Sequence[RankInfo], telemetr
     # anything from none to all of it.
     share = (loader.wait_cpu_permille / 1000 if loader.workers == 0 and loader.wait_cpu_permille is not None
              else None)
-    cores = _cores_per_rank(ranks, telemetry)
+    cores = cores_per_rank(ranks, telemetry)
     spare = math.inf if cores is None else max(cores - 1, 0)
     transfer = 0.0 if loader.workers else WORKER_TRANSFER_MS
 
@@ -181,16 +186,6 @@ def _workers(w: Window, io: Sequence[float], ranks: Sequence[RankInfo], telemetr
                                f"waiting for it {statistics.median(without):.1f} ms; {loader.workers} workers now; "
                                f"the host's cores: {host}"),
                      confidence=confidence, doubt=doubt)
-
-
-def _cores_per_rank(ranks: Sequence[RankInfo], telemetry: Sequence[Telemetry]) -> int | None:
-    """The fewest CPUs per rank over the hosts (from the telemetry), None where no host says."""
-    per_host: dict[str, int] = {}
-    for r in ranks:
-        per_host[r.host] = per_host.get(r.host, 0) + 1
-    cpus = {t.host: t.host_stats.cpus for t in telemetry if t.host_stats is not None and t.host_stats.cpus}
-    known = [cpus[h] // n for h, n in per_host.items() if h in cpus]
-    return max(min(known), 1) if known else None
 
 
 def _straggler(w: Window) -> list[Candidate]:
