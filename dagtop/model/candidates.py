@@ -91,9 +91,9 @@ def _buckets(w: Window) -> list[Candidate]:
     launch = (f"; each bucket's launch (DDP's call into the process group) {w.buckets.launch_ns / 1e3:.0f} µs of the "
               "backward's thread, one saved with each bucket fewer" if w.buckets.launch_ns else "")
     if w.buckets.steal:
-        launch += (f"; gloo's threads reduce on cores the rank has none to spare of: {w.buckets.steal:.2f} ms of the "
-                   "backward's lost per ms of all-reduce work beside it, which a grouping that runs less there gives "
-                   "back")
+        launch += (f"; gloo's threads reduce on the rank's cores, none to spare: {w.buckets.steal:.2f} ms of the "
+                   "backward lost per ms of all-reduce work beside it (their CPU time a step over the fit's work), "
+                   "given back by a grouping that runs less there")
     evidence = (f"{len(w.layout.now)} buckets now; the schedule replays their all-reduces {w.buckets.error * 100:.1f} % "
                 f"of the step off the observed ({w.buckets.comm.describe()}){launch}; {len(w.buckets.tried)} groupings "
                 "replayed on "
