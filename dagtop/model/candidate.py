@@ -80,9 +80,10 @@ DOUBT: Mapping[Kind, str] = {
                    "best in all three: over the tiny buckets ×1.33, ×1.25, ×1.34 predicted, ×1.17, ×1.18, ×1.15 "
                    "re-run (+14.2, +6.0, +16.3 %), over one bucket per layer ×1.45, ×1.51, ×1.37 predicted, ×1.45, "
                    "×1.42, ×1.43 re-run (-0.3, +6.2, -3.8 %); the same recordings without it: ×1.22, ×1.16 (a cap "
-                   "of 1 MB advised), ×1.16 and ×1.34, ×1.30, ×1.27. Measured without dagtop, that share over-states what regrouping changes where big "
-                   "buckets carry most of gloo's CPU: DDP's default took 3.2 ms less CPU a step than the tiny "
-                   "buckets for 6.8 ms less α-β work (0.47), 6.6 ms less for 8.4 on the 41 layers (0.79). Over a "
+                   "of 1 MB advised), ×1.16 and ×1.34, ×1.30, ×1.27. Measured without dagtop "
+                   "(benchmarks/gloo_cpu.py), that share over-states what regrouping changes on the first MLP: "
+                   "DDP's default took 3.2 ms less CPU a step than its tiny buckets, twice, for 6.8 ms less α-β "
+                   "work (0.47); 6.6 and 5.3 ms less for 8.4 on the 41 layers (0.79, 0.63). Over a "
                    "1 Gbit/s link, MG-WFBP's grouping ×1.12, ×1.12, ×1.08, ×1.05 predicted, ×1.13, ×1.10, ×1.08, "
                    "×1.05 re-run"),
     Kind.STRAGGLER: "on CPU cores the job shares, said as a lower bound: at least ×1.12 and ×1.05 predicted, ×1.61 and "
