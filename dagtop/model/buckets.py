@@ -261,7 +261,8 @@ def steal_of(layout: Layout, comm: AllReduce, others_ms: float, cores_per_rank: 
     process's beside the training thread, :attr:`~instrument.wire.ThreadCpu.others_ns`) over the work the fitted
     α-β model gives the buckets now, at most 1; 0 with a core to spare, unknown cores or no CPU times (GPU ranks).
     What a regrouping changes that CPU time by, measured without dagtop (benchmarks/gloo_cpu.py), can be less than
-    this share: 0.47 ms per ms of work on an MLP whose recordings read 0.68.
+    this share: 0.47 ms per ms of work on an MLP whose recordings read 0.68. Torch's intra-op threads count in that
+    CPU time too: a rank that computes on several threads over-states it (torchrun runs one a rank by default).
 
     >>> steal_of(Layout(("a", "b"), (4, 4), ("a", "b"), (1, 1)), AllReduce(1e6, 0.0, 0.0, 2), 1.0, 1)
     0.5
