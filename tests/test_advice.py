@@ -261,6 +261,7 @@ def test_latency_and_per_byte_cost_from_the_all_reduces_after_the_backward_alone
     assert comm is not None and comm.after == 30 and comm.sizes == 3
     assert comm.a_ns == pytest.approx(0.5e6, rel=0.01) and comm.b_ns_per_byte == pytest.approx(1.0, rel=0.01)
     assert "after the backward" in comm.describe()
+    assert (comm.smallest, comm.largest) == (10**6, 16 * 10**6)  # what it saw: outside it, a guess
 
 
 def test_the_stretch_beside_the_backward_is_the_one_that_ends_the_buckets_where_they_ended() -> None:
@@ -334,7 +335,7 @@ def test_a_grouping_ahead_of_the_buckets_now_by_the_margin_is_advised_though_ddp
 
     def at(g: buckets_module.Grouping, share: float) -> buckets_module.Grouping:
         return dataclasses.replace(g, step_ms=(share * identity,) * len(g.step_ms),
-                                   bounds_ms=(share * identity, share * identity))
+                                   bounds_ms=(share * identity, share * identity), beyond=False)
 
     tried = tuple(at(g, 0.95 if g is default else 0.87 if g is other else 1.2) for g in model.tried)
     w = candidate_module.Window(tuple(window), identity, identity, 2, model.comm, tuple(
@@ -346,3 +347,37 @@ def test_a_grouping_ahead_of_the_buckets_now_by_the_margin_is_advised_though_ddp
     tried = tuple(at(g, 0.89 if g is default else 0.87 if g is other else 1.2) for g in model.tried)
     chosen, = candidates._buckets(dataclasses.replace(w, buckets=dataclasses.replace(w.buckets, tried=tried)))
     assert chosen.title == "DDP's default buckets" and chosen.speedup == pytest.approx(1 / 0.89)
+
+
+def test_buckets_far_larger_than_any_timed_are_not_advised() -> None:
+    """A grouping with a bucket over REACH times the largest all-reduce the fit saw rests on a per-byte time it never
+    measured (caches: benchmarks/allreduce_sizes.py): it is named, not advised. Where it alone would gain, the bucket
+    advice is withheld with the reason, not a 'keep the buckets'; where a grouping within reach gains too, that one is
+    advised and the larger one said."""
+    snap = run(dataclasses.replace(COMM_HEAVY, bucket_limits=(1,)))  # a bucket per block: 2 to 8 MiB
+    model = advise_snapshot(snap).buckets
+    assert model is not None and model.comm.largest == 8 * MB
+    for g in model.tried:  # DDP's default makes a 30-MiB bucket
+        assert g.beyond == (max(buckets_module.totals(model.layout.sizes, g.counts)) > 16 * MB)
+    far = next(g for g in model.tried if g.beyond)
+    near = next(g for g in model.tried if not g.beyond and not g.extrapolated and g.counts != model.layout.now)
+    window = advice_module.window_of(snap.iterations)
+    identity = statistics.median(a.predicted_ms for a in window)
+
+    def advised(shares: dict[int, float]) -> Candidate:
+        tried = tuple(dataclasses.replace(g, step_ms=(shares.get(id(g), 1.0) * identity,) * len(g.step_ms),
+                                          bounds_ms=(shares.get(id(g), 1.0) * identity,) * 2) for g in model.tried)
+        now = dataclasses.replace(model.now, step_ms=(identity,) * len(model.now.step_ms))
+        w = candidate_module.Window(tuple(window), identity, identity, 2, model.comm, tuple(
+            b for b in map(buckets_module.backward_of, window) if b is not None), model.layout,
+            dataclasses.replace(model, now=now, tried=tried))
+        chosen, = candidates._buckets(w)
+        return chosen
+
+    withheld = advised({id(far): 0.8})
+    assert withheld.confidence is advice_module.Confidence.WITHHELD and far.label.split(" (")[0] in withheld.doubt
+    assert "per-byte time the fit never saw" in withheld.doubt and "keep" not in withheld.title
+    chosen = advised({id(far): 0.7, id(near): 0.85})
+    assert chosen.setting == dict(near.setting) and chosen.speedup == pytest.approx(1 / 0.85)
+    assert "per-byte time the fit never saw" in chosen.evidence and "not advised" in chosen.evidence
+    assert "keep" in advised({}).title  # nothing gains, larger or not

@@ -53,6 +53,8 @@ class AllReduce:
     after: int = 0
     """All-reduces fitted on that ran wholly after the backward: α and β come from them alone when non-zero (and
     κ, 0 here, from the buckets' schedule)."""
+    largest: int = 0
+    """The largest bucket fitted on, bytes: above it the per-byte time is extrapolated (0: unknown)."""
 
     def work(self, nbytes: float, b: float | None = None) -> float:
         """ns for ``nbytes`` with nothing else running (``b`` in place of the fitted per-byte time)."""
@@ -80,7 +82,7 @@ class AllReduce:
         p, q = self.workers, workers
         per = (2 * (q - 1) / q) / (2 * (p - 1) / p)
         return AllReduce(self.a_ns * (q - 1) / (p - 1), self.b_ns_per_byte * per, self.kappa, workers,
-                         self.b_se * per, self.samples, self.sizes, self.smallest, self.after)
+                         self.b_se * per, self.samples, self.sizes, self.smallest, self.after, self.largest)
 
     def describe(self) -> str:
         on = (f"α-β fit on the {self.after} bucket all-reduces after the backward ({self.sizes} sizes), κ from the "
@@ -112,7 +114,8 @@ def fit(observed: Sequence[Observed], workers: int) -> AllReduce | None:
         sse = float(((d[after] - a - b * m[after]) ** 2).sum())
         n, free = int(after.sum()), 2 if a > 0 else 1
         se = (sse / (n - free) * var) ** 0.5 if n > free else 0.0
-        return AllReduce(a, b, 0.0, workers, se, len(m), _sizes(m[after]), int(m[after].min()), n)
+        return AllReduce(a, b, 0.0, workers, se, len(m), _sizes(m[after]), int(m[after].min()), n,
+                         int(m[after].max()))
     best: tuple[float, float, float, float, float] | None = None  # sse, a, b, kappa, var(b) per unit
     for k in KAPPAS:
         w = d - under * k / (1 + k)
@@ -124,7 +127,7 @@ def fit(observed: Sequence[Observed], workers: int) -> AllReduce | None:
     sse, a, b, k, var = best
     free = 2 if a > 0 else 1
     se = (sse / (len(m) - free) * var) ** 0.5 if len(m) > free else 0.0
-    return AllReduce(a, b, k, workers, se, len(m), _sizes(m), int(m.min()))
+    return AllReduce(a, b, k, workers, se, len(m), _sizes(m), int(m.min()), largest=int(m.max()))
 
 
 MIN_SIZES_AFTER = 3

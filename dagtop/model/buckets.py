@@ -43,6 +43,12 @@ DEFAULT_LIMITS = (1 * MIB, 25 * MIB)
 then 25 MiB. An explicit ``bucket_cap_mb=25`` is not the same: its first bucket is 25 MiB too."""
 CAPS_MB = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 32, 50, 64, 100, 128, 256, 512)
 """The uniform ``bucket_cap_mb`` values tried."""
+REACH = 2.0
+"""How far above the largest bucket the α-β fit saw a grouping's buckets may reach and be predicted. Past a cache's
+size a byte costs more: on the 2-core test machine (1 MiB of L2 a core) gloo's all-reduces from 1 to 8 MiB took
+0.55-0.57 ns a byte where those from 16 KiB to 1 MiB read 0.33-0.36 (benchmarks/allreduce_sizes.py), and NCCL's
+bus bandwidth climbs with the size; DDP's default buckets predicted from buckets a tenth their size over-shot their
+re-runs by 15 to 30 % (benchmarks/validate_advice.py, 41 small layers)."""
 RANKS_READ = 8
 """Ranks whose backward is read per iteration: those that gated a bucket, the lowest rank first."""
 
@@ -334,6 +340,8 @@ class Grouping:
     """The median prediction with the per-byte time one standard error down and up (the faster first)."""
     extrapolated: bool = False
     """Two or more of its buckets are under half the smallest bucket the fit saw: their latency is a guess."""
+    beyond: bool = False
+    """A bucket of it is over :data:`REACH` times the largest the fit saw: its per-byte time is a guess."""
 
     @property
     def median_ms(self) -> float:
@@ -383,8 +391,10 @@ def model_buckets(layout: Layout, backwards: Sequence[Backward], comm: AllReduce
                          - finish_ns(layout, counts, b, comm, per_byte=per, launch_ns=launch_ns, steal=steal))
                 steps.append(b.identity_ms - saved / 1e6)
         ends = sorted((statistics.median(out[-1]), statistics.median(out[1])))
-        small = sum(1 for m in totals(layout.sizes, counts) if m < comm.smallest / 2)
-        return Grouping(label, dict(setting), counts, tuple(out[0]), (ends[0], ends[1]), low and small >= 2)
+        sent = totals(layout.sizes, counts)
+        small = sum(1 for m in sent if m < comm.smallest / 2)
+        beyond = bool(comm.largest) and max(sent) > REACH * comm.largest
+        return Grouping(label, dict(setting), counts, tuple(out[0]), (ends[0], ends[1]), low and small >= 2, beyond)
 
     now = grouping("the buckets now", {}, layout.now)
     tried: dict[tuple[int, ...], Grouping] = {}

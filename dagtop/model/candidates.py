@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from dagtop.model import verdict
 from dagtop.model.analysis import segments_ms
-from dagtop.model.buckets import finish_ns
+from dagtop.model.buckets import MIB, REACH, finish_ns
 from dagtop.model.candidate import (
     MAX_REPLAY_ERROR,
     MIN_GAIN,
@@ -74,16 +74,17 @@ def _buckets(w: Window) -> list[Candidate]:
     tolerance = NEAR * w.identity_ms
     margin = BUCKET_MARGIN * w.identity_ms
     default = w.buckets.tried[0]
-    # Groupings that rest on a latency the fit never saw (many buckets far smaller than any observed) are not advised.
-    best = min((g for g in w.buckets.tried if not g.extrapolated), key=lambda g: g.median_ms, default=default)
+    # Groupings that rest on a latency the fit never saw (many buckets far smaller than any observed) or on a
+    # per-byte time it never saw (a bucket far larger) are not advised.
+    reach = [g for g in w.buckets.tried if not g.extrapolated and not g.beyond]
+    best = min(reach, key=lambda g: g.median_ms, default=w.buckets.now)
     # DDP's default is named where it is as good as the best, within what the advice errs, unless it is not as
     # far ahead of the buckets now as the best is: then the best is advised, not a keep.
-    if default.median_ms <= best.median_ms + margin and (default.counts == w.layout.now
-                                                         or now - default.median_ms >= margin):
+    if not default.beyond and default.median_ms <= best.median_ms + margin and (
+            default.counts == w.layout.now or now - default.median_ms >= margin):
         best = default
     elif "bucket_cap_mb_list" in best.setting:
-        uniform = min((g for g in w.buckets.tried[1:] if "bucket_cap_mb" in g.setting and not g.extrapolated),
-                      key=lambda g: g.median_ms, default=None)
+        uniform = min((g for g in reach if "bucket_cap_mb" in g.setting), key=lambda g: g.median_ms, default=None)
         if uniform is not None and uniform.median_ms <= best.median_ms + tolerance:
             best = uniform
     confidence, doubt = confidence_of(Kind.BUCKETS)
@@ -98,9 +99,21 @@ def _buckets(w: Window) -> list[Candidate]:
                 f"of the step off the observed ({w.buckets.comm.describe()}){launch}; {len(w.buckets.tried)} groupings "
                 "replayed on "
                 f"{w.buckets.iterations} iterations: " + ", ".join(
-                    f"{g.label.split(' (')[0]} {g.median_ms * scale:.1f} ms" + (" (latency extrapolated)"
-                                                                               if g.extrapolated else "")
+                    f"{g.label.split(' (')[0]} {g.median_ms * scale:.1f} ms" + (
+                        " (latency extrapolated)" if g.extrapolated else " (per-byte time extrapolated)" if g.beyond
+                        else "")
                     for g in sorted(w.buckets.tried, key=lambda g: g.median_ms)[:4]))
+    far = min((g for g in w.buckets.tried if g.beyond and not g.extrapolated), key=lambda g: g.median_ms,
+              default=None)
+    if far is not None and far.median_ms < min(best.median_ms, now) - margin:
+        largest = w.buckets.comm.largest / MIB
+        beyond = (f"larger buckets are predicted faster still ({far.label.split(' (')[0]} "
+                  f"{far.median_ms * scale:.1f} ms), on a per-byte time the fit never saw: their buckets are over "
+                  f"{REACH:g}× the largest all-reduce timed ({largest:.2g} MiB)")
+        if best.counts == w.layout.now or now - best.median_ms < margin:
+            return [withheld(Kind.BUCKETS, title, f"{beyond}; with a bucket_cap_mb of {REACH * largest:.2g} or more "
+                                                  "the next recording times them. " + evidence)]
+        evidence += f"; {beyond}, not advised"
     if best.counts == w.layout.now or now - best.median_ms < margin:
         keep = "keep DDP's default buckets" if w.buckets.default else "keep the buckets as they are"
         return [Candidate(Kind.BUCKETS, keep, "no change: " + (
