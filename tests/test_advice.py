@@ -13,12 +13,13 @@ from comm_heavy import COMM_HEAVY, MB, measured, run
 
 from dagtop.model import advice as advice_module
 from dagtop.model import allreduce as allreduce_module
+from dagtop.model import bucket_map, candidates
 from dagtop.model import buckets as buckets_module
 from dagtop.model import candidate as candidate_module
-from dagtop.model import candidates
 from dagtop.model.advice import Advice, Candidate, Kind, advise, advise_snapshot
 from dagtop.model.allreduce import AllReduce, fit
-from dagtop.model.buckets import Backward, Layout, ddp_buckets, finish_ns, limits_for, mg_wfbp, steal_of
+from dagtop.model.bucket_map import Backward, Layout, ddp_buckets
+from dagtop.model.buckets import finish_ns, limits_for, mg_wfbp, steal_of
 from dagtop.model.synthetic import SyntheticJob
 from dagtop.model.verdict import WINDOW
 from instrument import wire
@@ -26,7 +27,7 @@ from instrument.wire_fields import Bucket, HostStats, Loader
 
 
 def test_doctests() -> None:
-    for module in (buckets_module, candidate_module, allreduce_module):
+    for module in (bucket_map, buckets_module, candidate_module, allreduce_module):
         assert doctest.testmod(module).failed == 0
 
 
@@ -311,14 +312,14 @@ def test_all_reduces_gloo_runs_side_by_side_are_fitted_on_their_share_of_the_lin
         spans = [small, (first[1], first[0], int(ends[0])), (second[1], second[0], int(ends[1]))]
         backward_end = second[0]  # the last bucket is handed over as the backward ends
         for together in observed:
-            observed[together] += [(m, s, e, backward_end) for m, s, e in buckets_module.shares(spans, together)]
+            observed[together] += [(m, s, e, backward_end) for m, s, e in bucket_map.shares(spans, together)]
     shared, serial = fit(observed[2], 2), fit(observed[1], 2)
     assert shared is not None and serial is not None
     assert shared.kappa == 0.0 and shared.a_ns == pytest.approx(a_ns, rel=0.02)
     assert shared.b_ns_per_byte == pytest.approx(b_ns, rel=0.01)
     assert serial.kappa > 0.5
-    assert buckets_module.together_on(["cpu", "cpu"]) == 2
-    assert buckets_module.together_on(["cpu", "cuda:0"]) == buckets_module.together_on([]) == 1
+    assert bucket_map.together_on(["cpu", "cpu"]) == 2
+    assert bucket_map.together_on(["cpu", "cuda:0"]) == bucket_map.together_on([]) == 1
 
 
 def test_a_grouping_ahead_of_the_buckets_now_by_the_margin_is_advised_though_ddps_default_is_not() -> None:
@@ -339,7 +340,7 @@ def test_a_grouping_ahead_of_the_buckets_now_by_the_margin_is_advised_though_ddp
 
     tried = tuple(at(g, 0.95 if g is default else 0.87 if g is other else 1.2) for g in model.tried)
     w = candidate_module.Window(tuple(window), identity, identity, 2, model.comm, tuple(
-        b for b in map(buckets_module.backward_of, window) if b is not None), model.layout,
+        b for b in map(bucket_map.backward_of, window) if b is not None), model.layout,
         dataclasses.replace(model, now=at(model.now, 1.0), tried=tried))
     chosen, = candidates._buckets(w)
     assert chosen.setting == dict(other.setting) and chosen.speedup == pytest.approx(1 / 0.87)
@@ -358,7 +359,7 @@ def test_buckets_far_larger_than_any_timed_are_not_advised() -> None:
     model = advise_snapshot(snap).buckets
     assert model is not None and model.comm.largest == 8 * MB
     for g in model.tried:  # DDP's default makes a 30-MiB bucket
-        assert g.beyond == (max(buckets_module.totals(model.layout.sizes, g.counts)) > 16 * MB)
+        assert g.beyond == (max(bucket_map.totals(model.layout.sizes, g.counts)) > 16 * MB)
     far = next(g for g in model.tried if g.beyond)
     near = next(g for g in model.tried if not g.beyond and not g.extrapolated and g.counts != model.layout.now)
     window = advice_module.window_of(snap.iterations)
@@ -369,7 +370,7 @@ def test_buckets_far_larger_than_any_timed_are_not_advised() -> None:
                                           bounds_ms=(shares.get(id(g), 1.0) * identity,) * 2) for g in model.tried)
         now = dataclasses.replace(model.now, step_ms=(identity,) * len(model.now.step_ms))
         w = candidate_module.Window(tuple(window), identity, identity, 2, model.comm, tuple(
-            b for b in map(buckets_module.backward_of, window) if b is not None), model.layout,
+            b for b in map(bucket_map.backward_of, window) if b is not None), model.layout,
             dataclasses.replace(model, now=now, tried=tried))
         chosen, = candidates._buckets(w)
         return chosen

@@ -24,7 +24,7 @@ from dagtop.model.advice_text import (
     terms_of,
     waste_line,
 )
-from dagtop.model.buckets import totals
+from dagtop.model.bucket_map import totals
 from dagtop.model.cost import EpochCost, FixOrBuy
 
 

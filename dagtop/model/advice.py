@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from dagtop.model import verdict
 from dagtop.model.allreduce import fit
 from dagtop.model.analysis import model_error
-from dagtop.model.buckets import BucketModel, Layout, backward_of, model_buckets, steal_of, stretched, together_on
+from dagtop.model.bucket_map import Layout, backward_of, together_on
+from dagtop.model.buckets import BucketModel, model_buckets, steal_of, stretched
 from dagtop.model.candidate import (
     MAX_REPLAY_ERROR,
     MIN_GAIN,
@@ -170,7 +171,7 @@ def advise(analyses: Sequence[IterationAnalysis], ranks: Sequence[RankInfo] = ()
             model = model_buckets(layout, backwards, comm, launch, steal_of(layout, comm, beside, cores))
             comm = model.comm
         else:
-            # Regrouping is weighed on each all-reduce's share of the channel (buckets.shares): over a 1 Gbit/s
+            # Regrouping is weighed on each all-reduce's share of the channel (bucket_map.shares): over a 1 Gbit/s
             # link the cut one after the other predicted ×1.00 for what gained ×1.13. The other changes keep the
             # all-reduces cut one after the other: re-judged on 19 re-runs of accumulation, the shares' fit made
             # its CPU taken from the backward twice as large and met the target in 8 where the cut met it in 16.

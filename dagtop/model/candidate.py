@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagtop.model.allreduce import AllReduce
-from dagtop.model.buckets import Backward, BucketModel, Layout
+from dagtop.model.bucket_map import Backward, Layout
+from dagtop.model.buckets import BucketModel
 from dagtop.model.change import Change
 from dagtop.model.label import Label
 from dagtop.model.snapshot import IterationAnalysis, RankInfo

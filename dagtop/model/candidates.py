@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 
 from dagtop.model import verdict
 from dagtop.model.analysis import segments_ms
-from dagtop.model.buckets import MIB, REACH, finish_ns
+from dagtop.model.bucket_map import MIB
+from dagtop.model.buckets import REACH, finish_ns
 from dagtop.model.candidate import (
     MAX_REPLAY_ERROR,
     MIN_GAIN,

@@ -14,7 +14,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dagtop.model.buckets import ddp_buckets, together_on
+from dagtop.model.bucket_map import ddp_buckets, together_on
 from dagtop.model.frames import RawFrame
 from instrument import wire
 from instrument.events import BACKWARD, COLLECTIVE, COPY, FORWARD, LOAD, UPDATE, RawEvent
@@ -53,12 +53,12 @@ class SyntheticJob:
     """The DataLoader the hellos describe."""
     device: str = "cpu"
     """The ranks' device, as their hellos say: on the CPU (gloo) two all-reduces run at once, sharing the channel;
-    on a GPU one at a time (:func:`dagtop.model.buckets.together_on`)."""
+    on a GPU one at a time (:func:`dagtop.model.bucket_map.together_on`)."""
 
 
 def _channel(starts: Sequence[int], works: Sequence[int], together: int) -> list[int]:
     """When each all-reduce ends, begun at ``starts`` (in order) with ``works`` ns of work alone: ``together`` at a
-    time sharing the channel equally (:func:`dagtop.model.buckets.shares`), the others waiting in order."""
+    time sharing the channel equally (:func:`dagtop.model.bucket_map.shares`), the others waiting in order."""
     left = [float(w) for w in works]
     ends: list[int] = [0] * len(starts)
     done: set[int] = set()
