@@ -382,3 +382,22 @@ def test_buckets_far_larger_than_any_timed_are_not_advised() -> None:
     assert chosen.setting == dict(near.setting) and chosen.speedup == pytest.approx(1 / 0.85)
     assert "per-byte time the fit never saw" in chosen.evidence and "not advised" in chosen.evidence
     assert "keep" in advised({}).title  # nothing gains, larger or not
+
+
+def test_no_bucket_size_is_weighed_where_the_per_byte_time_is_lost_in_the_noise() -> None:
+    """A fit whose per-byte time is within MIN_T standard errors of 0 cannot tell the latency a merge saves from the
+    per-byte cost: the bucket advice is withheld with that reason, where the same fit with a clear slope advises."""
+    snap = run(dataclasses.replace(COMM_HEAVY, bucket_limits=(MB, 2 * MB)))
+    advice = advise_snapshot(snap)
+    model = advice.buckets
+    assert model is not None and model.comm.b_ns_per_byte > candidates.MIN_T * model.comm.b_se
+    assert any(c.kind is Kind.BUCKETS for c in advice.fixes)
+    window = advice_module.window_of(snap.iterations)
+    identity = statistics.median(a.predicted_ms for a in window)
+    noisy = dataclasses.replace(model.comm, b_se=model.comm.b_ns_per_byte / 1.5)
+    w = candidate_module.Window(tuple(window), identity, identity, 2, noisy, tuple(
+        b for b in map(bucket_map.backward_of, window) if b is not None), model.layout,
+        dataclasses.replace(model, comm=noisy))
+    chosen, = candidates._buckets(w)
+    assert chosen.confidence is advice_module.Confidence.WITHHELD
+    assert "do not grow with their size beyond their noise" in chosen.doubt

@@ -47,6 +47,12 @@ UNTOLD = ("the buckets seen have {sizes} size(s): an all-reduce's latency cannot
           "with two sizes: ×1.16 and ×1.46 measured where ×1.02 and ×1.00 were predicted; "
           "benchmarks/validate_advice.py)")
 """Why the bucket advice is withheld below :data:`MIN_SIZES`: measured, not assumed."""
+MIN_T = 2.0
+"""How many standard errors above 0 the fit's per-byte time must be before bucket sizes are weighed: below it the
+all-reduces' durations do not grow with their size beyond their noise, and the fit puts what they take into the
+latency, which every merge then saves (an MLP of tiny buckets, 2-core CPU host: per-byte 0.03 ± 0.22, 0.07 ± 0.11
+and 0.31 ± 0.26 ns a byte, a 1 MB cap predicted ×1.45, ×1.26 and ×1.47, re-run ×1.03, ×1.06 and ×1.14;
+benchmarks/validate_advice.py, 2026-11-29)."""
 
 
 def _path(a: IterationAnalysis, category: str) -> float:
@@ -68,6 +74,12 @@ def _buckets(w: Window) -> list[Candidate]:
         return [withheld(Kind.BUCKETS, title, "no backward timed with its buckets in the window")]
     if w.buckets.comm.sizes < MIN_SIZES:
         return [withheld(Kind.BUCKETS, title, UNTOLD.format(sizes=w.buckets.comm.sizes))]
+    fitted = w.buckets.comm
+    if fitted.b_ns_per_byte <= 0 or fitted.b_ns_per_byte < MIN_T * fitted.b_se:
+        return [withheld(Kind.BUCKETS, title, f"the all-reduces' durations do not grow with their size beyond their "
+                                               f"noise (per-byte time {fitted.b_ns_per_byte:.3f} ± {fitted.b_se:.3f} "
+                                               f"ns a byte over {fitted.sizes} sizes): the latency a merge saves cannot "
+                                               "be told from the per-byte cost, so other bucket sizes cannot be weighed")]
     if w.buckets.error > MAX_REPLAY_ERROR:
         return [withheld(Kind.BUCKETS, title, f"the bucket schedule replays the all-reduces {w.buckets.error * 100:.1f} % "
                                                f"of the step off what was observed (over {MAX_REPLAY_ERROR * 100:.0f} %)")]
