@@ -124,8 +124,8 @@ def _buckets(w: Window) -> list[Candidate]:
                   f"{far.median_ms * scale:.1f} ms), on a per-byte time the fit never saw: their buckets are over "
                   f"{REACH:g}× the largest all-reduce timed ({largest:.2g} MiB)")
         if best.counts == w.layout.now or now - best.median_ms < margin:
-            return [withheld(Kind.BUCKETS, title, f"{beyond}; with a bucket_cap_mb of {REACH * largest:.2g} or more "
-                                                  "the next recording times them. " + evidence)]
+            return [withheld(Kind.BUCKETS, title, f"{beyond}; a recording with bucket_cap_mb={REACH * largest:.2g} "
+                                                  "would time buckets that large. " + evidence)]
         evidence += f"; {beyond}, not advised"
     if best.counts == w.layout.now or now - best.median_ms < margin:
         keep = "keep DDP's default buckets" if w.buckets.default else "keep the buckets as they are"
