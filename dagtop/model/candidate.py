@@ -71,9 +71,9 @@ DOUBT: Mapping[Kind, str] = {
                         "(in one recording one rank of a balanced job computed 15-18 % slower in every phase, which "
                         "its re-run did not). Replayed from the wall clock instead (older shims), the MLPs were "
                         "under by 13-20 % and the loader-bound and hogged jobs over by up to 22 %. On a faster host "
-                        "(2026-11-29, five runs): 23 of 31 within; the MLPs of 41 small layers 6 of 11 (-24.1 to "
-                        "+1.0 %), the hogged job 2 of 3 (+15.8 % once), the transformers 2 of 4 (1.3 and 1.5 points "
-                        "off at gains under 8 %), every other job 13 of 13"),
+                        "(2026-11-29, five runs): 25 of 33 within; the MLPs of 41 small layers 6 of 11 (-24.1 to "
+                        "+1.0 %), the hogged job 2 of 3 (+15.8 % once), the transformers 3 of 5 (1.2 and 1.5 points "
+                        "off at gains under 8 %), every other job 14 of 14"),
     Kind.BUCKETS: ("re-run on a 2-core CPU machine (2026-11-27/29). Before gloo's work beside the backward was "
                    "priced: within 10 % in 14 of 17 changes on the first day (median error 4.3 %); DDP's default "
                    "over one bucket per layer under in most runs (×1.12-1.50 predicted, ×1.28-1.59 re-run, 8 of 19 "
@@ -91,8 +91,8 @@ DOUBT: Mapping[Kind, str] = {
                    "work (0.47); 6.6 and 5.3 ms less for 8.4 on the 41 layers (0.79, 0.63). Over a "
                    "1 Gbit/s link, MG-WFBP's grouping ×1.12, ×1.12, ×1.08, ×1.05 predicted, ×1.13, ×1.10, ×1.08, "
                    "×1.05 re-run. On a faster host (2026-11-29, five runs), DDP's default over one bucket per layer "
-                   "of 41 small layers, its buckets over ten times the largest timed, over-shot by 7.8 to 30.5 % in "
-                   "4 of 4 (×1.53-1.78 predicted, ×1.34-1.44 re-run): such groupings are no longer advised, and "
+                   "of 41 small layers, its buckets over ten times the largest timed, over-shot in 4 of 4 (by 7.8, "
+                   "15.3, 29.4 and 30.5 %: ×1.53-1.78 predicted, ×1.34-1.44 re-run): such groupings are no longer advised, and "
                    "bucket_cap_mb=0.25 was (×1.247, ×1.239 predicted, ×1.247, ×1.219 re-run); over the 18-layer "
                    "MLP's tiny buckets a 1 MB cap over-shot in 4 of 4 (×1.45, ×1.26, ×1.47, ×1.15 predicted, "
                    "×1.03, ×1.06, ×1.14, ×0.98 re-run; DDP's default ×1.00-1.16): three of those fits read a "
