@@ -34,7 +34,7 @@ REACH = 2.0
 size a byte costs more: on the 2-core test machine (1 MiB of L2 a core) gloo's all-reduces from 1 to 8 MiB took
 0.55-0.57 ns a byte where those from 16 KiB to 1 MiB read 0.33-0.36 (benchmarks/allreduce_sizes.py), and NCCL's
 bus bandwidth climbs with the size; DDP's default buckets predicted from buckets a tenth their size over-shot their
-re-runs by 15 to 30 % (benchmarks/validate_advice.py, 41 small layers)."""
+re-runs by 7.8 to 30.5 % in 4 of 4 (benchmarks/validate_advice.py, 41 small layers)."""
 
 
 
