@@ -357,7 +357,7 @@ def test_buckets_far_larger_than_any_timed_are_not_advised() -> None:
     advised and the larger one said."""
     snap = run(dataclasses.replace(COMM_HEAVY, bucket_limits=(1,)))  # a bucket per block: 2 to 8 MiB
     model = advise_snapshot(snap).buckets
-    assert model is not None and model.comm.largest == 8 * MB
+    assert model is not None and model.comm.largest == 8 * MB and not model.now.beyond
     for g in model.tried:  # DDP's default makes a 30-MiB bucket
         assert g.beyond == (max(bucket_map.totals(model.layout.sizes, g.counts)) > 16 * MB)
     far = next(g for g in model.tried if g.beyond)

@@ -54,7 +54,8 @@ class AllReduce:
     """All-reduces fitted on that ran wholly after the backward: α and β come from them alone when non-zero (and
     κ, 0 here, from the buckets' schedule)."""
     largest: int = 0
-    """The largest bucket fitted on, bytes: above it the per-byte time is extrapolated (0: unknown)."""
+    """The largest bucket all-reduced, bytes, fitted on or not (those beside the backward set κ): above it the
+    per-byte time is extrapolated (0: unknown)."""
 
     def work(self, nbytes: float, b: float | None = None) -> float:
         """ns for ``nbytes`` with nothing else running (``b`` in place of the fitted per-byte time)."""
@@ -114,8 +115,7 @@ def fit(observed: Sequence[Observed], workers: int) -> AllReduce | None:
         sse = float(((d[after] - a - b * m[after]) ** 2).sum())
         n, free = int(after.sum()), 2 if a > 0 else 1
         se = (sse / (n - free) * var) ** 0.5 if n > free else 0.0
-        return AllReduce(a, b, 0.0, workers, se, len(m), _sizes(m[after]), int(m[after].min()), n,
-                         int(m[after].max()))
+        return AllReduce(a, b, 0.0, workers, se, len(m), _sizes(m[after]), int(m[after].min()), n, int(m.max()))
     best: tuple[float, float, float, float, float] | None = None  # sse, a, b, kappa, var(b) per unit
     for k in KAPPAS:
         w = d - under * k / (1 + k)

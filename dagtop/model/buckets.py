@@ -30,7 +30,7 @@ from dagtop.model.bucket_map import DEFAULT_LIMITS, MIB, Backward, Layout, total
 CAPS_MB = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 32, 50, 64, 100, 128, 256, 512)
 """The uniform ``bucket_cap_mb`` values tried."""
 REACH = 2.0
-"""How far above the largest bucket the α-β fit saw a grouping's buckets may reach and be predicted. Past a cache's
+"""How far above the largest bucket all-reduced a grouping's buckets may reach and be predicted. Past a cache's
 size a byte costs more: on the 2-core test machine (1 MiB of L2 a core) gloo's all-reduces from 1 to 8 MiB took
 0.55-0.57 ns a byte where those from 16 KiB to 1 MiB read 0.33-0.36 (benchmarks/allreduce_sizes.py), and NCCL's
 bus bandwidth climbs with the size; DDP's default buckets predicted from buckets a tenth their size over-shot their
@@ -164,7 +164,7 @@ class Grouping:
     extrapolated: bool = False
     """Two or more of its buckets are under half the smallest bucket the fit saw: their latency is a guess."""
     beyond: bool = False
-    """A bucket of it is over :data:`REACH` times the largest the fit saw: its per-byte time is a guess."""
+    """A bucket of it is over :data:`REACH` times the largest all-reduced: its per-byte time is a guess."""
 
     @property
     def median_ms(self) -> float:
