@@ -351,7 +351,7 @@ def test_a_grouping_ahead_of_the_buckets_now_by_the_margin_is_advised_though_ddp
 
 
 def test_buckets_far_larger_than_any_timed_are_not_advised() -> None:
-    """A grouping with a bucket over REACH times the largest all-reduce the fit saw rests on a per-byte time it never
+    """A grouping with a bucket over REACH times the largest bucket all-reduced rests on a per-byte time the fit never
     measured (caches: benchmarks/allreduce_sizes.py): it is named, not advised. Where it alone would gain, the bucket
     advice is withheld with the reason, not a 'keep the buckets'; where a grouping within reach gains too, that one is
     advised and the larger one said."""
