@@ -3,9 +3,10 @@ against the one large buckets take.
 
     torchrun --standalone --nproc-per-node 2 benchmarks/allreduce_sizes.py [--repeat 40]
 
-Two gloo ranks, each pinned to a core as benchmarks/advice_jobs.py's are, no dagtop: all-reduces of 16 KiB to 8 MiB
-back to back (the sizes taking turns, so the machine's load falls on all alike), rank 0 prints each size's median
-and the per-byte slope between neighbouring sizes. What it is for: the bucket advice predicts a regrouping from
+Two gloo ranks, each pinned to a core as benchmarks/advice_jobs.py's are, no dagtop: all-reduces of 16 KiB to 8 MiB,
+each started after a barrier (so its time includes what is left of the barrier's skew: the latency reads high, the
+per-byte slope does not), the sizes taking turns so the machine's load falls on all alike. Rank 0 prints each size's
+median, the per-byte slope between neighbouring sizes, and an α-β fit below and above 1 MiB. What it is for: the bucket advice predicts a regrouping from
 an α-β fit on the buckets it saw, and does not advise buckets over ``dagtop.model.buckets.REACH`` times the largest
 (a cache's size changes what a byte costs).
 
