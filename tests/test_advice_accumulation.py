@@ -9,13 +9,12 @@ import math
 import statistics
 
 import pytest
-from comm_heavy import COMM_HEAVY, run
+from comm_heavy import COMM_HEAVY, run, with_thread_cpu
 
 from dagtop.model import advice as advice_module
 from dagtop.model.advice import Kind, advise, advise_snapshot
 from dagtop.model.change import Change
-from dagtop.model.snapshot import IterationAnalysis, Snapshot
-from instrument import wire
+from dagtop.model.snapshot import IterationAnalysis
 
 
 def test_accumulation_on_cpu_ranks_also_frees_the_cpu_the_all_reduces_took_beside_the_backward() -> None:
@@ -67,20 +66,6 @@ def test_accumulation_is_withheld_with_the_reason_where_the_replay_without_colle
     assert held.doubt == why and held.speedup is None
 
 
-def _with_thread_cpu(snap: Snapshot, work_ms: float, share: float, ranks: tuple[int, ...] | None = None,
-                     shim_ms: float = 0.0, launch_ms: float = 0.0) -> Snapshot:
-    """``snap`` with each rank's training thread said to have done ``work_ms`` of CPU work in each iteration besides
-    its update and its loader's 1 ms, its update's CPU time ``share`` of the update's wall clock, ``shim_ms`` of
-    it in dagtop's hooks and ``launch_ms`` in DDP's launches of its all-reduces."""
-    cpus: dict[int, dict[int, wire.ThreadCpu]] = {}
-    for a in snap.iterations:
-        for r in a.ranks if ranks is None else ranks:
-            update = int(share * sum(t.duration_ns for t in a.tasks.by_rank[r] if t.phase == "update"))
-            cpus.setdefault(a.iteration, {})[r] = wire.ThreadCpu(int(work_ms * 1e6) + update + 1_000_000, update,
-                                                                 1_000_000, int(shim_ms * 1e6), int(launch_ms * 1e6))
-    return dataclasses.replace(snap, thread_cpu=cpus)
-
-
 def test_the_predictions_are_for_the_job_without_dagtops_own_time_in_its_hooks() -> None:
     """On CPU ranks dagtop's hooks run inside the step: the time each rank says they took comes out of the step now
     and out of each pass of the changed step (four for accumulation: its micro-batches each pay it) before they are
@@ -88,8 +73,8 @@ def test_the_predictions_are_for_the_job_without_dagtops_own_time_in_its_hooks()
     snap = run(COMM_HEAVY)
     window = advice_module.window_of(snap.iterations)
     identity = statistics.median(a.predicted_ms for a in window)
-    plain = advise_snapshot(_with_thread_cpu(snap, 30.0, 0.5))
-    own = advise_snapshot(_with_thread_cpu(snap, 30.0, 0.5, shim_ms=2.0))
+    plain = advise_snapshot(with_thread_cpu(snap, 30.0, 0.5))
+    own = advise_snapshot(with_thread_cpu(snap, 30.0, 0.5, shim_ms=2.0))
     assert plain.shim_ms == 0.0 and not plain.without_dagtop
     assert own.shim_ms == pytest.approx(2.0) and own.without_dagtop == (
         "predicted without dagtop's own 2.0 ms a step in its hooks")
@@ -101,7 +86,7 @@ def test_the_predictions_are_for_the_job_without_dagtops_own_time_in_its_hooks()
         assert after.speedup == pytest.approx((identity - 2.0) / (changed - passes * 2.0), rel=1e-6)
         assert after.speedup > before.speedup
         assert after.step_ms == pytest.approx(plain.step_ms / after.speedup, rel=1e-6)  # the step measured with dagtop
-    timed = _with_thread_cpu(snap, 30.0, 0.5, shim_ms=2.0)
+    timed = with_thread_cpu(snap, 30.0, 0.5, shim_ms=2.0)
     older = {it: {r: cpu._replace(shim_ns=0) if r == 1 else cpu for r, cpu in ranks.items()}
              for it, ranks in timed.thread_cpu.items()}
     partly = advise_snapshot(dataclasses.replace(timed, thread_cpu=older))
@@ -117,7 +102,7 @@ def test_ddps_launches_of_its_all_reduces_come_off_each_micro_batch_and_off_each
     window = advice_module.window_of(snap.iterations)
     identity = statistics.median(a.predicted_ms for a in window)
     step = statistics.median(a.measured_ms for a in window)
-    plain, launched = (advise_snapshot(_with_thread_cpu(snap, 30.0, 0.5, launch_ms=ms)) for ms in (0.0, 3.0))
+    plain, launched = (advise_snapshot(with_thread_cpu(snap, 30.0, 0.5, launch_ms=ms)) for ms in (0.0, 3.0))
     before, after = (next(c for c in a.fixes if c.kind is Kind.ACCUMULATION) for a in (plain, launched))
     assert before.step_ms is not None and after.step_ms is not None
     assert after.step_ms == pytest.approx(before.step_ms - step * 3 * 6.0 / identity, rel=1e-6)
@@ -140,7 +125,7 @@ def test_accumulation_on_cpu_ranks_prices_a_micro_batch_from_the_training_thread
     snap = run(COMM_HEAVY)
     replayed = next(c for c in advise_snapshot(snap).fixes if c.kind is Kind.ACCUMULATION)
     assert "'perfect overlap' replay" in replayed.evidence
-    timed = dataclasses.replace(_with_thread_cpu(snap, 30.0, 0.5),
+    timed = dataclasses.replace(with_thread_cpu(snap, 30.0, 0.5),
                                 buckets=dataclasses.replace(snap.buckets, copy_ns=4_000_000, add_ns=1_000_000))
     priced = next(c for c in advise_snapshot(timed).fixes if c.kind is Kind.ACCUMULATION)
     window = advice_module.window_of(snap.iterations)
@@ -154,7 +139,7 @@ def test_accumulation_on_cpu_ranks_prices_a_micro_batch_from_the_training_thread
     assert "in their updates (50 % or more)" in priced.evidence
     assert priced.step_ms != pytest.approx(replayed.step_ms, rel=0.05)
     # One rank's times missing: the replay again.
-    partly = next(c for c in advise_snapshot(_with_thread_cpu(snap, 30.0, 0.5, ranks=(0,))).fixes
+    partly = next(c for c in advise_snapshot(with_thread_cpu(snap, 30.0, 0.5, ranks=(0,))).fixes
                   if c.kind is Kind.ACCUMULATION)
     assert partly.evidence == replayed.evidence and partly.step_ms == replayed.step_ms
 
@@ -164,7 +149,7 @@ def test_a_rank_whose_compute_is_slower_than_the_others_keeps_it_in_each_micro_b
     it, though the rank's update, run just after a wait for the all-reduces, had the core to itself. Rank 1 computes
     3 times slower: its micro-batch is its CPU work plus the compute it loses over rank 0 (the window's medians)."""
     snap = run(dataclasses.replace(COMM_HEAVY, slow_ranks=(1,), slow_category="compute", slow_factor=3.0))
-    priced = next(c for c in advise_snapshot(_with_thread_cpu(snap, 30.0, 1.0)).fixes if c.kind is Kind.ACCUMULATION)
+    priced = next(c for c in advise_snapshot(with_thread_cpu(snap, 30.0, 1.0)).fixes if c.kind is Kind.ACCUMULATION)
     window = advice_module.window_of(snap.iterations)
     compute = {r: statistics.median(row.compute_ms for a in window for row in a.per_rank if row.rank == r)
                for r in (0, 1)}

@@ -228,6 +228,28 @@ class Window:
         speedup = (identity - own) / (median - samples * own) if median > samples * own else math.inf
         return speedup, self.step_ms / speedup, (step(lo), step(hi))
 
+    def foreign_ms(self, host: str) -> float | None:
+        """CPU time a step on ``host`` that its ranks' processes did not take: the host's busy share in its latest
+        sample over all its CPUs, for the window's median step, less each of its ranks' training thread and the
+        process's other threads (the window's medians of ``ThreadCpu.total_ns`` and ``others_ns``). What another
+        process there takes (a CPU hog, a second job; also dagtop's monitor and the shim's threads, a few % of a
+        core), not the job's own gloo threads. Not below 0 (the host's sample spans its last 2 s, not the window);
+        None where the host sent no CPU figure or one of its ranks no thread CPU in an iteration of the window."""
+        stats = next((t.host_stats for t in self.telemetry if t.host == host and t.host_stats is not None
+                      and t.host_stats.cpu_percent is not None and t.host_stats.cpus), None)
+        ranks = [r.rank for r in self.infos if r.host == host]
+        if stats is None or not ranks or not self.analyses:
+            return None
+        spent = 0.0
+        for r in ranks:
+            per = [self.thread_cpu.get(a.iteration, {}).get(r) for a in self.analyses]
+            if any(c is None or not c.total_ns for c in per):
+                return None
+            spent += statistics.median(c.total_ns + c.others_ns for c in per if c is not None) / 1e6
+        busy = (stats.cpu_percent or 0.0) / 100 * (stats.cpus or 0) * statistics.median(
+            a.measured_ms for a in self.analyses)
+        return max(busy - spent, 0.0)
+
     def unpredictable(self, change: Change) -> str:
         """Why the newest iteration's ``change`` could not be predicted (the what-if's reason), empty if it could."""
         for a in reversed(self.analyses):

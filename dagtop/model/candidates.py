@@ -35,6 +35,14 @@ BUCKET_MARGIN = 0.10
 this share of the step: as far as the bucket advice has been seen to err against its re-runs
 (benchmarks/validate_advice.py on a 2-core CPU host, load 2-3: predicted gains +7 to +17.5 % over the measured in
 4 of 4, and groupings predicted 2 % and 3 % faster than DDP's default measured 6 % slower)."""
+CONTENDED = 0.25
+"""A compute straggler's host is named contended where it gives processes not the ranks' at least this share of a
+core over the step (:meth:`Window.foreign_ms`, where the ranks measure their threads' CPU): two CPU ranks with
+gloo's threads keep a 2-core host 86-98 % busy with nothing else on it, and left other processes -3 to +3 ms of
+CPU a step of 15-25 ms; a CPU hog beside them took 10-17 ms of 16-23 ms steps with the host 84-88 % busy
+(benchmarks/validate_advice.py, 2026-11-29)."""
+BUSY = 90
+"""Elsewhere (GPU ranks: no thread CPU), a compute straggler's host is named contended from this % busy."""
 WORKER_TRANSFER_MS = 1.7
 """What ``next()`` costs per batch once workers load (inter-process transfer, unpickling; FIELD_NOTES): a job
 without workers has never paid it, so a prediction for workers adds it, as its range's upper end and half of it
@@ -234,8 +242,12 @@ def _straggler(w: Window) -> list[Candidate]:
     load = next((t.host_stats.cpu_percent for t in w.telemetry
                  if t.host == host and t.host_stats is not None and t.host_stats.cpu_percent is not None), None)
     cause, action = _CAUSES.get(s.category, _CAUSES["other"])
-    if s.category == "compute" and load is not None and load >= 90:
-        cause = f"host contention: its host {host} is {load:.0f} % busy"
+    foreign = w.foreign_ms(host)
+    step = statistics.median(a.measured_ms for a in w.analyses)
+    if s.category == "compute" and load is not None and (
+            load >= BUSY if foreign is None else foreign >= CONTENDED * step):
+        cause = f"host contention: its host {host} is {load:.0f} % busy" + (
+            "" if foreign is None else f", {foreign:.1f} ms of CPU a step going to processes not the ranks'")
         action = f"find what else runs on {host} beside rank {s.rank} (top, ps) and move it, or move the rank"
     confidence, doubt = confidence_of(Kind.STRAGGLER)
     shared = cohosts({r.rank: (r.host, r.device) for r in w.infos}).get(s.rank)

@@ -96,8 +96,15 @@ def _on_the_thread(w: Window) -> tuple[dict[int, float], str] | None:
     CPU work (its CPU time less the update's, the loader's, DDP's copies and its launches of the buckets'
     all-reduces, with the adds accumulation makes), stretched by whichever is more, the share of a core the thread
     had in its updates (where no collective runs) or the time its compute took over the fastest rank's (the
-    window's medians: what slows one rank and not the others is not communication, and ``no_sync`` keeps it), plus
-    its wait for data; the slowest rank's. None unless every rank measured every iteration of the window.
+    window's medians), plus its wait for data; the slowest rank's. None unless every rank measured every iteration of
+    the window.
+
+    What slows one rank's compute and not the others' is another process on its cores (``no_sync`` keeps it) or the
+    job's own threads landing there unevenly (gloo's, of any rank: ``no_sync`` idles them). Where its host says how
+    busy it is, no more of it is kept than the CPU that host gave to processes not the ranks'
+    (:meth:`~dagtop.model.candidate.Window.foreign_ms`): on the 41-layer MLP of benchmarks/validate_advice.py a rank
+    lost 3.1 ms a step with none to other processes, and accumulation's re-run took 7.2 ms a micro-batch where 12.2
+    ms was priced with it kept; the monitor recording it took 1.6 % of a core.
 
     A synced step's all-reduces run on gloo's threads beside the training thread: on shared cores its compute takes
     longer by the wall clock than by its own CPU time, which a replay of the wall-clock tasks keeps and no fit over
@@ -120,6 +127,11 @@ def _on_the_thread(w: Window) -> tuple[dict[int, float], str] | None:
              for r in update_cpu}
     typical = {r: statistics.median(xs) for r, xs in compute.items()}
     fastest = min(typical.values(), default=0.0)
+    over = {r: ms - fastest for r, ms in typical.items()}
+    host = {r.rank: r.host for r in w.infos}
+    foreign = {h: w.foreign_ms(h) for h in set(host.values())}
+    kept = {r: ms if foreign.get(host.get(r, "")) is None else min(ms, foreign[host[r]] or 0.0)
+            for r, ms in over.items()}
     micro: dict[int, float] = {}
     works: list[float] = []
     for a in w.analyses:
@@ -130,11 +142,14 @@ def _on_the_thread(w: Window) -> tuple[dict[int, float], str] | None:
             work = max((cpu.total_ns - cpu.update_ns - cpu.load_ns - cpu.launch_ns) / 1e6 - w.copies_ms + w.adds_ms,
                        0.0)
             works.append(work)
-            each.append(io.get(r, 0.0) + max(work / share[r], work + typical.get(r, fastest) - fastest))
+            each.append(io.get(r, 0.0) + max(work / share[r], work + kept.get(r, 0.0)))
         micro[a.iteration] = max(each)
-    slowest = max(typical, key=typical.__getitem__, default=None)
-    lost = "" if slowest is None or typical[slowest] - fastest < LOST_SAID * w.identity_ms else (
-        f", rank {slowest}'s compute {typical[slowest] - fastest:.1f} ms over the fastest rank's")
+    slowest = max(over, key=over.__getitem__, default=None)
+    lost = "" if slowest is None or over[slowest] < LOST_SAID * w.identity_ms else (
+        f", rank {slowest}'s compute {over[slowest]:.1f} ms over the fastest rank's" + (
+            "" if kept[slowest] >= over[slowest] else
+            f" ({kept[slowest]:.1f} ms of it kept: the CPU its host {host[slowest]} gave a step to processes not the "
+            "ranks'; the rest went to the job's own threads, which no_sync idles)"))
     how = (f"{ACCUMULATE - 1} of {ACCUMULATE} micro-batches priced from the training threads' CPU time: "
            f"{statistics.median(works):.1f} ms a rank that is not the update, the loader, nor DDP's "
            f"{w.copies_ms:.1f} ms of copies" + (f" and {w.launch_ms:.1f} ms of launching the all-reduces"
