@@ -80,6 +80,10 @@ JOBS = (
     # they overlap it as they do between GPU nodes; here the buckets' size decides how much of the step they hide.
     JobKind("mlp over 1 Gbit/s, default buckets", ("--job", "mlp", "--width", "1024", "--depth", "14", "--batch",
                                                    "256"), link_mbit=1000),
+    # Deep and narrow over the same link: 30 MiB of gradients, a third of the 1 Gbit/s job's, for a backward as
+    # long; DDP's default holds 25 MiB of them until most of the backward is over, smaller buckets need not.
+    JobKind("mlp over 1 Gbit/s, deep and narrow", ("--job", "mlp", "--width", "512", "--depth", "30", "--batch",
+                                                   "512"), link_mbit=1000),
     JobKind("transformer, compute-bound", ("--job", "transformer", "--width", "128", "--depth", "2", "--batch", "32",
                                            "--seq", "128", "--vocab", "1024")),
 )

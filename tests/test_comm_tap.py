@@ -254,3 +254,59 @@ def test_on_the_host_clock_a_buckets_end_is_noticed_by_the_backward_not_after_it
         assert len(buckets) >= 2 and all(e.start_ns <= e.end_ns <= update.start_ns for e in buckets.values())
         assert update.start_ns - buckets["bucket 0"].end_ns >= 90_000_000, batch.iteration
         assert update.start_ns - max(e.end_ns for e in buckets.values()) >= 40_000_000, batch.iteration
+
+
+def test_on_the_host_clock_a_bucket_that_ends_before_the_one_handed_over_before_it_is_timed_to_its_own_end(
+        one_rank: None, collector: Any, endpoint: str) -> None:
+    """Gloo runs two all-reduces at once, and the later may end first. The backward over, the shim waits for the
+    buckets in the order they were handed over; a later one that ends meanwhile is stamped by its own callback, not
+    noticed when the wait returns. Here bucket 0's all-reduce is made to end 600 ms after its hand-over and the last
+    bucket's 50 ms after its own, both after the backward: the last ends hundreds of ms before bucket 0."""
+    import threading
+
+    import instrument
+    from instrument import wire
+
+    def later(work: Any, delay: float) -> Any:  # the same work, its end put off by ``delay`` seconds
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+
+        def finish() -> None:
+            time.sleep(delay)
+            work.wait()
+            future.set_result(work.result())
+
+        threading.Thread(target=finish, daemon=True).start()
+        return torch._C._distributed_c10d._create_work_from_future(future)
+
+    ddp = DDP(_model(), bucket_cap_mb=0.2)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    tracer = instrument.attach(ddp, optimizer, endpoint=endpoint)
+    try:
+        collector.joined()
+        comm = tracer._comm
+        assert comm is not None and comm._tap is not None
+        inner = comm._tap.inner
+
+        class Late:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def allreduce(self, *args: Any) -> Any:
+                return later(inner.allreduce(*args), 0.6 if comm._next == 1 else 0.05)
+
+        comm._tap.inner = Late()  # type: ignore[assignment]
+        for _ in range(3):
+            ddp(torch.randn(8, 64)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        tracer.close()
+    batches = [f for f in map(wire.decode, (r.payload for r in collector.until_bye()))
+               if isinstance(f, wire.IterationBatch)]
+    assert len(batches) == 3
+    for batch in batches[1:]:  # DDP rebuilds its buckets after the first iteration
+        buckets = sorted((e for e in batch.events if e.category == "allreduce"), key=lambda e: e.start_ns)
+        assert len(buckets) >= 2 and buckets[0].name == "bucket 0"
+        first, latest = buckets[0], buckets[-1]
+        assert first.end_ns - first.start_ns >= 550_000_000
+        assert first.end_ns - latest.end_ns >= 300_000_000, batch.iteration
