@@ -130,8 +130,7 @@ def _on_the_thread(w: Window) -> tuple[dict[int, float], str] | None:
     over = {r: ms - fastest for r, ms in typical.items()}
     host = {r.rank: r.host for r in w.infos}
     foreign = {h: w.foreign_ms(h) for h in set(host.values())}
-    kept = {r: ms if foreign.get(host.get(r, "")) is None else min(ms, foreign[host[r]] or 0.0)
-            for r, ms in over.items()}
+    kept = {r: ms if (cap := foreign.get(host.get(r, ""))) is None else min(ms, cap) for r, ms in over.items()}
     micro: dict[int, float] = {}
     works: list[float] = []
     for a in w.analyses:
