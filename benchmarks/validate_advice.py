@@ -8,8 +8,8 @@ DataLoader, DDP's compress hook, ``no_sync`` micro-batches, the hog stopped with
 falls on all of them alike. The measured gain of a change is the median over block pairs of (samples/s with the
 change) / (samples/s as it was) in the adjacent block, with the block pairs' interquartile range as its spread.
 Beside the changes the job also runs with dagtop attached (:data:`SHIM_ARM`): what the recording's job was against
-the job the changes are measured on. One job runs its rank 1 on a second host over a 1 Gbit/s link (needs root and
-``tc``; skipped with the reason otherwise), where the all-reduces overlap the backward as between GPU nodes.
+the job the changes are measured on. Two jobs run their rank 1 on a second host over a 1 Gbit/s link (needs root
+and ``tc``; skipped with the reason otherwise), where the all-reduces overlap the backward as between GPU nodes.
 
 Target (issue #26): each predicted gain within ±10 % of the measured (relative, on the throughput ratio), or
 within 1 point of step time where the measured gain is under 10 %; the advice's best change the truly best of
