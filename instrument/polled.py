@@ -78,7 +78,7 @@ class Polled:
 
         Gloo runs two all-reduces at once, and a later, smaller one ends first: waited for in order, it would be
         noticed when the one before it ended (over a 1 Gbit/s link a 4 MiB bucket beside a 25 MiB one was noted
-        238 ms long where it took 66). So each still in flight gets a callback that stamps its end: it runs on
+        238 ms long where it took 59-71). So each still in flight gets a callback that stamps its end: it runs on
         gloo's thread, which finds the GIL free while the training thread waits here (the hazard of such callbacks
         during the backward, above, is that the thread holds it)."""
         self.queued = False
@@ -99,7 +99,7 @@ class Polled:
 
 
 def _stamp(stamped: dict[int, int], key: int, _: Any) -> None:
-    """A future's callback (on the thread that completes it): when it did."""
+    """A future's callback, run by the thread that completes it: notes the moment under ``key``."""
     stamped[key] = time.perf_counter_ns()
 
 
