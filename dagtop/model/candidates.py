@@ -38,9 +38,10 @@ this share of the step: as far as the bucket advice has been seen to err against
 CONTENDED = 0.25
 """A compute straggler's host is named contended where it gives processes not the ranks' at least this share of a
 core over the step (:meth:`Window.foreign_ms`, where the ranks measure their threads' CPU): two CPU ranks with
-gloo's threads keep a 2-core host 86-98 % busy with nothing else on it, and left other processes -3 to +3 ms of
-CPU a step of 15-25 ms; a CPU hog beside them took 10-17 ms of 16-23 ms steps with the host 84-88 % busy
-(benchmarks/validate_advice.py, 2026-11-29)."""
+gloo's threads keep a 2-core host 86-98 % busy by themselves; over 36 recordings of jobs without a hog it gave
+other processes -3 to +3.5 ms a step in 26 and up to a third to a half of a core in 4 (a shared machine); a CPU hog
+beside the ranks took 10-17 ms of 16-23 ms steps with the host 84-88 % busy (benchmarks/validate_advice.py,
+2026-11-29)."""
 BUSY = 90
 """Elsewhere (GPU ranks: no thread CPU), a compute straggler's host is named contended from this % busy."""
 WORKER_TRANSFER_MS = 1.7
