@@ -74,11 +74,11 @@ DOUBT: Mapping[Kind, str] = {
                         "(2026-11-29, five runs): 25 of 33 within; the MLPs of 41 small layers 6 of 11 (-24.1 to "
                         "+1.0 %), the hogged job 2 of 3 (+15.8 % once), the transformers 3 of 5 (1.2 and 1.5 points "
                         "off at gains under 8 %), every other job 14 of 14. With a rank's slower compute kept only "
-                        "as far as its host gave other processes CPU (from the sixth, three runs): the MLPs of 41 "
+                        "as far as its host gave other processes CPU (the next five runs): the MLPs of 41 "
                         "small layers 3 of 6 (-14.5 to -5.1 %), of 18 layers of tiny buckets 2 of 3 (-11.8 % once), "
                         "the hogged job 1 of 3 (+3.5, +11.5 and +18.5 %: its recordings' steps ran 7-27 % slower "
                         "than its re-runs' with dagtop on), a transformer 3.5 points under at a gain of 6 %, the "
-                        "other jobs 7 of 7"),
+                        "other jobs 11 of 11"),
     Kind.BUCKETS: ("re-run on a 2-core CPU machine (2026-11-27/29). Before gloo's work beside the backward was "
                    "priced: within 10 % in 14 of 17 changes on the first day (median error 4.3 %); DDP's default "
                    "over one bucket per layer under in most runs (×1.12-1.50 predicted, ×1.28-1.59 re-run, 8 of 19 "
@@ -104,8 +104,9 @@ DOUBT: Mapping[Kind, str] = {
                    "per-byte time within its noise, which now withholds the advice, the fourth 0.36 ± 0.10 ns a "
                    "byte. Over a 1 Gbit/s link, with the buckets in flight at the backward's end each timed to "
                    "its own end (gloo runs two at once), a deep, narrow MLP: bucket_cap_mb=8 over DDP's default "
-                   "×1.149, ×1.153 predicted, ×1.223, ×1.230 re-run; on the wider MLP a keep where bucket_cap_mb="
-                   "0.25 re-ran ×1.087 (×1.036 predicted, under the 10 % it takes to advise one). Over the 41 "
+                   "×1.149, ×1.153, ×1.147, ×1.150 predicted, ×1.223, ×1.230, ×1.225, ×1.226 re-run; on the "
+                   "wider MLP three keeps where another grouping re-ran ×1.087, ×1.041, ×1.030 (×1.036, ×1.045, "
+                   "×1.039 predicted, under the 10 % it takes to advise one). Over the 41 "
                    "small layers' tiny buckets bucket_cap_mb=0.25 within 5 % in 3 of 3; over the 18 layers' a "
                    "1 MB cap ×1.176 predicted, ×1.086 re-run"),
     Kind.STRAGGLER: "on CPU cores the job shares, said as a lower bound: at least ×1.12 and ×1.05 predicted, ×1.61 and "
