@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -147,7 +147,7 @@ def test_a_torch_without_the_work_constructor_times_host_buckets_and_refuses_gpu
         one_rank: None, collector: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU's timer hands the reducer a work made around its callback's future; the host clock's needs none."""
     import instrument
-    from instrument import comm, wire
+    from instrument import comm
 
     monkeypatch.setattr(comm, "_work_from_future", None)  # as on a torch whose c10d lacks it
     with pytest.raises(RuntimeError, match="_create_work_from_future"):
@@ -166,8 +166,7 @@ def test_a_torch_without_the_work_constructor_times_host_buckets_and_refuses_gpu
         assert tracer.enabled  # the rest of the shim still runs
     finally:
         tracer.close()
-    batches = [f for f in map(wire.decode, (r.payload for r in collector.until_bye()))
-               if isinstance(f, wire.IterationBatch)]
+    batches = _batches(collector)
     categories = {e.category for b in batches for e in b.events}
     assert len(batches) == 2 and {"compute", "allreduce"} <= categories
 
@@ -215,28 +214,19 @@ def test_on_the_host_clock_a_buckets_end_is_noticed_by_the_backward_not_after_it
     end less than 50 ms before the update. The script sleeps 50 ms between backward and step: noticed at the step,
     the last bucket would end less than that before it."""
     import instrument
-    from instrument import wire
 
     ddp = DDP(_model(), bucket_cap_mb=0.2)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     tracer = instrument.attach(ddp, optimizer, endpoint=endpoint)
     try:
         collector.joined()
-        comm = tracer._comm
-        assert comm is not None and comm._tap is not None
-        inner = comm._tap.inner
 
-        class Held:  # the real process group; bucket 0's hand-over held until its all-reduce is surely over
-            def __getattr__(self, name: str) -> Any:
-                return getattr(inner, name)
+        def held(work: Any, index: int) -> Any:  # bucket 0's hand-over held until its all-reduce is surely over
+            if index == 0:
+                time.sleep(0.05)
+            return work
 
-            def allreduce(self, *args: Any) -> Any:
-                work = inner.allreduce(*args)
-                if comm._next == 1:
-                    time.sleep(0.05)
-                return work
-
-        comm._tap.inner = Held()  # type: ignore[assignment]
+        _change_allreduce(tracer, held)
         ddp.module[0].weight.register_hook(lambda grad: time.sleep(0.05))  # the backward's last unit, after bucket 0
         for _ in range(4):
             ddp(torch.randn(8, 64)).square().mean().backward()
@@ -245,8 +235,7 @@ def test_on_the_host_clock_a_buckets_end_is_noticed_by_the_backward_not_after_it
             optimizer.zero_grad()
     finally:
         tracer.close()
-    batches = [f for f in map(wire.decode, (r.payload for r in collector.until_bye()))
-               if isinstance(f, wire.IterationBatch)]
+    batches = _batches(collector)
     assert len(batches) == 4
     for batch in batches[1:]:  # DDP rebuilds its buckets after the first iteration
         buckets = {e.name: e for e in batch.events if e.category == "allreduce"}
@@ -265,7 +254,6 @@ def test_on_the_host_clock_a_bucket_that_ends_before_the_one_handed_over_before_
     import threading
 
     import instrument
-    from instrument import wire
 
     def later(work: Any, delay: float) -> Any:  # the same work, its end put off by ``delay`` seconds
         future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
@@ -283,26 +271,14 @@ def test_on_the_host_clock_a_bucket_that_ends_before_the_one_handed_over_before_
     tracer = instrument.attach(ddp, optimizer, endpoint=endpoint)
     try:
         collector.joined()
-        comm = tracer._comm
-        assert comm is not None and comm._tap is not None
-        inner = comm._tap.inner
-
-        class Late:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(inner, name)
-
-            def allreduce(self, *args: Any) -> Any:
-                return later(inner.allreduce(*args), 0.6 if comm._next == 1 else 0.05)
-
-        comm._tap.inner = Late()  # type: ignore[assignment]
+        _change_allreduce(tracer, lambda work, index: later(work, 0.6 if index == 0 else 0.05))
         for _ in range(3):
             ddp(torch.randn(8, 64)).square().mean().backward()
             optimizer.step()
             optimizer.zero_grad()
     finally:
         tracer.close()
-    batches = [f for f in map(wire.decode, (r.payload for r in collector.until_bye()))
-               if isinstance(f, wire.IterationBatch)]
+    batches = _batches(collector)
     assert len(batches) == 3
     for batch in batches[1:]:  # DDP rebuilds its buckets after the first iteration
         buckets = sorted((e for e in batch.events if e.category == "allreduce"), key=lambda e: e.start_ns)
@@ -310,3 +286,29 @@ def test_on_the_host_clock_a_bucket_that_ends_before_the_one_handed_over_before_
         first, latest = buckets[0], buckets[-1]
         assert first.end_ns - first.start_ns >= 550_000_000
         assert first.end_ns - latest.end_ns >= 300_000_000, batch.iteration
+
+
+def _change_allreduce(tracer: Any, change: Callable[[Any, int], Any]) -> None:
+    """The tap's process group replaced by one whose ``allreduce`` hands the reducer ``change(work, bucket
+    index)``, ``work`` the real one's."""
+    comm = tracer._comm
+    assert comm is not None and comm._tap is not None
+    inner = comm._tap.inner
+
+    class Changed:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        def allreduce(self, *args: Any) -> Any:
+            work = inner.allreduce(*args)
+            return change(work, comm._next - 1)  # the tap counted the bucket as it handed it over
+
+    comm._tap.inner = Changed()
+
+
+def _batches(collector: Any) -> list[Any]:
+    """The iteration frames the ranks sent, until their bye."""
+    from instrument import wire
+
+    return [f for f in map(wire.decode, (r.payload for r in collector.until_bye()))
+            if isinstance(f, wire.IterationBatch)]
