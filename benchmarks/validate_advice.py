@@ -361,6 +361,9 @@ def main() -> None:
           f"{len(bounds)} lower bounds held; the advised best truly best in {right} of {len(rerun)} "
           f"jobs whose advised best was re-run; 'keep the buckets' right in {sum(r['keep_right'] for r in keeps)} of "
           f"{len(keeps)}; load {os.getloadavg()[0]:.1f}")
+    for level in ("validated", "lower"):
+        rows = [row for row in points if row["confidence"] == level]
+        print(f"said {level}: {sum(row['ok'] for row in rows)} of {len(rows)} within target")
     if unscored:
         print(f"advised best not re-run (cannot be made for real here): {unscored}")
     for line in beats:

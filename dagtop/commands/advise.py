@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from dagtop.exits import Exit
 from dagtop.model.advice import Advice, Candidate
 from dagtop.model.advice_text import (
+    CONFIDENCE_KEY,
     advice_of,
     candidate_rows,
     cost_rows,
@@ -92,6 +93,7 @@ def write_advice(advice: Advice, priced: FixOrBuy, out: TextIO, details: bool = 
         for row in (head, *rows):
             w("  " + "  ".join(cell.ljust(widths[i]) if i in (0, 4) else cell.rjust(widths[i])
                                 for i, cell in enumerate(row)).rstrip() + "\n")
+        w(f"  {CONFIDENCE_KEY}\n")
     if lower_bound_lines(advice):
         w(f"  {lower_bound_key(advice)}\n")
         for line in lower_bound_lines(advice):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dagtop.model.advice import MIN_GAIN, Advice, Confidence, advise
 from dagtop.model.cost import CostTerms, EpochCost, FixOrBuy, fix_or_buy
 from dagtop.model.snapshot import IterationAnalysis, Snapshot
+from dagtop.model.trust import RECORD
 
 
 def terms_of(options: object) -> CostTerms:
@@ -53,6 +54,11 @@ def candidate_rows(advice: Advice) -> list[tuple[str, str, str, str, str]]:
         rows.append((c.title, f"{AT_MOST if c.lower_bound else ''}{c.step_ms:.1f}", span, gain,
                      f"{c.confidence}{mark}"))
     return rows
+
+
+CONFIDENCE_KEY = (f"validated: re-runs of that change on jobs like this one all met the target ({RECORD}); lower?: "
+                  "the reason is under the change")
+"""What the confidence column says."""
 
 
 def lower_bound_lines(advice: Advice) -> list[str]:

@@ -1,5 +1,5 @@
-"""One change a user can make and what the model predicts for it; the window of iterations candidates are made
-from; how far each kind of prediction can be trusted."""
+"""One change a user can make and what the model predicts for it, and the window of iterations candidates are made
+from (how far a prediction can be trusted: :mod:`dagtop.model.trust`)."""
 
 from __future__ import annotations
 
@@ -40,94 +40,11 @@ class Confidence(Label):
     """How far a candidate's prediction can be trusted."""
 
     VALIDATED = "validated"
-    """Its kind of change met ±10 % of a real re-run in benchmarks/validate_advice.py."""
+    """Every re-run of its kind of change under like conditions met the target (:mod:`dagtop.model.trust`)."""
     LOWER = "lower"
-    """Predicted, but not validated that well (the reason is given)."""
+    """Predicted, outside what the re-runs validated (the reason is given)."""
     WITHHELD = "withheld"
     """Not predicted: the model lacks what it needs (the reason is given)."""
-
-
-DOUBT: Mapping[Kind, str] = {
-    Kind.PINNED: "not validated: the test machine has no GPU",
-    Kind.SCALE_OUT: "not validated: the α-β fit is extrapolated to more ranks than ran, and the test machine's 2 "
-                    "cores cannot run more ranks without measuring core sharing instead",
-    Kind.NETWORK: "not validated: the test machine has one network (its loopback)",
-    Kind.ACCUMULATION: ("priced from the training thread's CPU time and re-run on a 2-core CPU machine "
-                        "(2026-11-27/29, ten runs; from the fourth with dagtop's own time in its hooks taken out, "
-                        "from the eighth DDP's launches too): within the target in 37 of 59 predictions. On MLPs of "
-                        "14 layers 8 of 9 (-0.9 to -8.8 %, then -17.6 %), a pyramid 7 of 9, a loader-bound job 8 of "
-                        "9, a CPU-hogged one 5 of 8 (over by 11.4, 16.5 and 27.1 % in three), a transformer 4 of 9 "
-                        "(1.1-1.6 points under, at a gain of 8-10 %), a Lightning Trainer job not written for it 3 "
-                        "of 3 (+2.3 to +4.7 %, benchmarks/lightning_accumulation.py); under-predicted on MLPs of 41 "
-                        "small layers (-6.2 to -18.5 %, 2 of 8 within) and of tiny buckets (-10.8 to -21.7 %, 0 of "
-                        "4). There a micro-batch is priced from a synced step's CPU work, which runs slower than "
-                        "under no_sync (its forward's CPU time by 21-24 %, its update's by 33-38 %: "
-                        "benchmarks/synced_cpu.py): on that machine a step's CPU work after a pause runs slower (by "
-                        "10-17 % after 10 ms, spun or slept: benchmarks/pause_cpu.py), and a synced step follows its "
-                        "wait for the all-reduces where a micro-batch goes straight on, which no synced step shows. "
-                        "On the hogged rank a synced step's forward, just after that wait, ran as fast as on the "
-                        "other rank and its backward twice as slow: a micro-batch, with no wait, likely shares the "
-                        "core with the hog throughout. The same job recorded twice was predicted up to 20 % apart "
-                        "(in one recording one rank of a balanced job computed 15-18 % slower in every phase, which "
-                        "its re-run did not). Replayed from the wall clock instead (older shims), the MLPs were "
-                        "under by 13-20 % and the loader-bound and hogged jobs over by up to 22 %. On a faster host "
-                        "(2026-11-29, five runs): 25 of 33 within; the MLPs of 41 small layers 6 of 11 (-24.1 to "
-                        "+1.0 %), the hogged job 2 of 3 (+15.8 % once), the transformers 3 of 5 (1.2 and 1.5 points "
-                        "off at gains under 8 %), every other job 14 of 14. With a rank's slower compute kept only "
-                        "as far as its host gave other processes CPU (the next five runs): the MLPs of 41 "
-                        "small layers 3 of 6 (-14.5 to -5.1 %), of 18 layers of tiny buckets 2 of 3 (-11.8 % once), "
-                        "the hogged job 1 of 3 (+3.5, +11.5 and +18.5 %: its recordings' steps ran 7-27 % slower "
-                        "than its re-runs' with dagtop on), a transformer 3.5 points under at a gain of 6 %, the "
-                        "other jobs 11 of 11"),
-    Kind.BUCKETS: ("re-run on a 2-core CPU machine (2026-11-27/29). Before gloo's work beside the backward was "
-                   "priced: within 10 % in 14 of 17 changes on the first day (median error 4.3 %); DDP's default "
-                   "over one bucket per layer under in most runs (×1.12-1.50 predicted, ×1.28-1.59 re-run, 8 of 19 "
-                   "within 10 %); over an MLP's tiny buckets the re-runs spread ±10 % and more, and DDP's default "
-                   "re-ran as fast as or faster than a grouping advised over it (bucket_cap_mb=2, MG-WFBP's) in "
-                   "five runs. With it priced (2026-11-29, four runs: gloo's threads' CPU a step over the α-β "
-                   "work of the buckets now, 0.68-0.85 on these jobs), DDP's default was advised over both and truly "
-                   "best in all four: over the tiny buckets ×1.33, ×1.25, ×1.34, ×1.22 predicted, ×1.17, ×1.18, "
-                   "×1.15, ×1.14 re-run (+14.2, +6.0, +16.3, +7.6 %), over one bucket per layer ×1.45, ×1.51, "
-                   "×1.37, ×1.58 predicted, ×1.45, ×1.42, ×1.43, ×1.44 re-run (-0.3, +6.2, -3.8, +9.9 %); the same "
-                   "recordings without it: ×1.22, ×1.16 (a cap of 1 MB advised), ×1.16, ×1.17 (MG-WFBP's grouping "
-                   "advised) and ×1.34, ×1.30, ×1.27, ×1.40. Measured without dagtop "
-                   "(benchmarks/gloo_cpu.py), that share over-states what regrouping changes on the first MLP: "
-                   "DDP's default took 3.2 ms less CPU a step than its tiny buckets, twice, for 6.8 ms less α-β "
-                   "work (0.47); 6.6 and 5.3 ms less for 8.4 on the 41 layers (0.79, 0.63). Over a "
-                   "1 Gbit/s link, MG-WFBP's grouping ×1.12, ×1.12, ×1.08, ×1.05 predicted, ×1.13, ×1.10, ×1.08, "
-                   "×1.05 re-run. On a faster host (2026-11-29, five runs), DDP's default over one bucket per layer "
-                   "of 41 small layers, its buckets over ten times the largest timed, over-shot in 4 of 4 (by 7.8, "
-                   "15.3, 29.4 and 30.5 %: ×1.53-1.78 predicted, ×1.34-1.44 re-run): such groupings are no longer advised, and "
-                   "bucket_cap_mb=0.25 was (×1.247, ×1.239 predicted, ×1.247, ×1.219 re-run); over the 18-layer "
-                   "MLP's tiny buckets a 1 MB cap over-shot in 4 of 4 (×1.45, ×1.26, ×1.47, ×1.15 predicted, "
-                   "×1.03, ×1.06, ×1.14, ×0.98 re-run; DDP's default ×1.00-1.16): three of those fits read a "
-                   "per-byte time within its noise, which now withholds the advice, the fourth 0.36 ± 0.10 ns a "
-                   "byte. Over a 1 Gbit/s link, with the buckets in flight at the backward's end each timed to "
-                   "its own end (gloo runs two at once), a deep, narrow MLP: bucket_cap_mb=8 over DDP's default "
-                   "×1.149, ×1.153, ×1.147, ×1.150 predicted, ×1.223, ×1.230, ×1.225, ×1.226 re-run; on the "
-                   "wider MLP three keeps where another grouping re-ran ×1.087, ×1.041, ×1.030 (×1.036, ×1.045, "
-                   "×1.039 predicted, under the 10 % it takes to advise one). Over the 41 "
-                   "small layers' tiny buckets bucket_cap_mb=0.25 within 5 % in 3 of 3; over the 18 layers' a "
-                   "1 MB cap ×1.176 predicted, ×1.086 re-run"),
-    Kind.STRAGGLER: "on CPU cores the job shares, said as a lower bound: at least ×1.12 and ×1.05 predicted, ×1.61 and "
-                    "×1.65 re-run with the CPU hog stopped (2-core CPU machine at load 1-3, 2026-11-27; at least ×1.11 and "
-                    "×1.20 predicted, ×1.68 and ×1.66 re-run on 2026-11-28); as a point it "
-                    "missed both ways (×1.51 predicted, ×1.29 re-run at load 13; ×1.26-×1.32, ×1.37-×1.40 before)",
-    Kind.COMPRESSION: "not validated: the test machine has no GPU (on CPU ranks it is not advised: measured slower)",
-}
-"""Why a kind's predictions are of lower confidence (from benchmarks/validate_advice.py; the figures are throughput
-ratios, predicted and re-run)."""
-VALIDATED: frozenset[Kind] = frozenset({Kind.LOADER})
-"""The kinds whose predictions met the target in every round of benchmarks/validate_advice.py (DataLoader workers:
-×1.32, ×1.37, ×1.37, ×1.38 predicted, ×1.38, ×1.37, ×1.28, ×1.46 re-run, the last at load 12, 2026-11-27; ×1.43,
-×1.48, ×1.49 predicted, ×1.45, ×1.46, ×1.49 re-run on 2026-11-28, with dagtop's time taken out)."""
-
-
-def confidence_of(kind: Kind) -> tuple[Confidence, str]:
-    """A kind's confidence, and why it is lower where it is."""
-    if kind in VALIDATED:
-        return Confidence.VALIDATED, ""
-    return Confidence.LOWER, DOUBT.get(kind, "not validated yet against a re-run")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
-from dagtop.model import verdict
+from dagtop.model import trust, verdict
 from dagtop.model.analysis import segments_ms
 from dagtop.model.bucket_map import MIB
 from dagtop.model.buckets import REACH, finish_ns
@@ -18,7 +18,6 @@ from dagtop.model.candidate import (
     Confidence,
     Kind,
     Window,
-    confidence_of,
     cores_per_rank,
     withheld,
 )
@@ -109,7 +108,6 @@ def _buckets(w: Window) -> list[Candidate]:
         uniform = min((g for g in reach if "bucket_cap_mb" in g.setting), key=lambda g: g.median_ms, default=None)
         if uniform is not None and uniform.median_ms <= best.median_ms + tolerance:
             best = uniform
-    confidence, doubt = confidence_of(Kind.BUCKETS)
     scale = w.step_ms / w.identity_ms if w.identity_ms > 0 else 1.0
     launch = (f"; each bucket's launch (DDP's call into the process group) {w.buckets.launch_ns / 1e3:.0f} µs of the "
               "backward's thread, one saved with each bucket fewer" if w.buckets.launch_ns else "")
@@ -138,12 +136,14 @@ def _buckets(w: Window) -> list[Candidate]:
         evidence += f"; {beyond}, not advised"
     if best.counts == w.layout.now or now - best.median_ms < margin:
         keep = "keep DDP's default buckets" if w.buckets.default else "keep the buckets as they are"
+        confidence, doubt = trust.buckets(w, keep=True)
         return [Candidate(Kind.BUCKETS, keep, "no change: " + (
             "no grouping tried beats DDP's default (1 MiB first bucket, then 25 MiB)" if w.buckets.default else
             "no grouping tried beats the current one") + f" by {BUCKET_MARGIN * 100:.0f} % of the step, as far as "
             "the bucket advice has been seen to err against its re-runs",
             {}, w.step_ms, None, 1.0, evidence=evidence, confidence=confidence, doubt=doubt)]
     speedup, step, bounds = w.predicted(best.step_ms, best.bounds_ms)
+    confidence, doubt = trust.buckets(w, keep=False)
     args = ", ".join(f"{k}={v}" for k, v in best.setting.items())
     change = (f"DistributedDataParallel(model, {args})" if args else
               "DistributedDataParallel(model) with no bucket_cap_mb (DDP's default)")
@@ -165,7 +165,7 @@ def _loader(w: Window) -> list[Candidate]:
         loader = next((r.loader for r in w.infos if r.loader is not None), None)
         if loader is None or not loader.pin_memory:
             speedup, step, bounds = w.predicted([a.predicted_ms - p for a, p in zip(w.analyses, pcie)])
-            confidence, doubt = confidence_of(Kind.PINNED)
+            confidence, doubt = trust.confidence_of(Kind.PINNED)
             out.append(Candidate(Kind.PINNED, "pin_memory=True, non_blocking copies",
                                  "DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True)",
                                  {"pin_memory": True}, step, bounds, speedup,
@@ -207,7 +207,7 @@ def _workers(w: Window, io: Sequence[float], ranks: Sequence[RankInfo], telemetr
     hi = steps(workers, share if share is not None else 1.0, transfer)
     speedup, step, bounds = w.predicted(steps(workers, middle, transfer / 2),
                                         (statistics.median(lo), statistics.median(hi)))
-    confidence, doubt = confidence_of(Kind.LOADER)
+    confidence, doubt = trust.confidence_of(Kind.LOADER)
     if share is None and confidence is Confidence.VALIDATED:
         confidence, doubt = Confidence.LOWER, ("how much of making a batch is CPU work is not known (workers make "
                                                "them now, or an older shim): the range spans none to all of it")
@@ -250,7 +250,7 @@ def _straggler(w: Window) -> list[Candidate]:
         cause = f"host contention: its host {host} is {load:.0f} % busy" + (
             "" if foreign is None else f", {foreign:.1f} ms of CPU a step going to processes not the ranks'")
         action = f"find what else runs on {host} beside rank {s.rank} (top, ps) and move it, or move the rank"
-    confidence, doubt = confidence_of(Kind.STRAGGLER)
+    confidence, doubt = trust.confidence_of(Kind.STRAGGLER)
     shared = cohosts({r.rank: (r.host, r.device) for r in w.infos}).get(s.rank)
     if s.category == "io" and shared is not None:
         confidence, doubt = Confidence.LOWER, waits_on_shared_cores(s.rank, shared)
@@ -278,7 +278,7 @@ _CAUSES = {
 def _scale(w: Window) -> list[Candidate]:
     """2N and 4N workers (weak scaling) and a faster network, from the what-ifs and the α-β fit."""
     out = []
-    confidence, doubt = confidence_of(Kind.SCALE_OUT)
+    confidence, doubt = trust.confidence_of(Kind.SCALE_OUT)
     # Iterations before the α-β fit had a collective past warm-up have no scaling what-if: the others are read.
     having = [(a, x) for a in w.analyses for x in a.what_if if x.change is Change.DOUBLE_WORKERS and x.predictable]
     why = w.unpredictable(Change.DOUBLE_WORKERS)
@@ -311,7 +311,7 @@ def _scale(w: Window) -> list[Candidate]:
     if net and len(net) >= len(w.analyses) / 2:
         first = net[-1][1]
         speedup, step, bounds = w.predicted([x.iteration_ms for _, x in net], base=[a.predicted_ms for a, _ in net])
-        c, d = confidence_of(Kind.NETWORK)
+        c, d = trust.confidence_of(Kind.NETWORK)
         out.append(Candidate(Kind.NETWORK, first.label, f"a network of {first.bandwidth_gbps:.3g} GB/s bus bandwidth "
                              "(--bandwidth to try another)", {"bus_gbps": first.bandwidth_gbps}, step, bounds,
                              speedup, evidence="each collective's per-byte time redone at that bandwidth (the "

@@ -7,8 +7,9 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from dagtop.model import trust
 from dagtop.model.buckets import finish_ns
-from dagtop.model.candidate import MIN_GAIN, Candidate, Kind, Window, confidence_of, withheld
+from dagtop.model.candidate import MIN_GAIN, Candidate, Kind, Window, withheld
 from dagtop.model.change import Change
 from dagtop.model.snapshot import IterationAnalysis
 
@@ -33,7 +34,7 @@ def volume(w: Window) -> list[Candidate]:
                  - finish_ns(w.layout, w.layout.now, b, w.comm, half) for b in w.backwards}
         mid = [b.identity_ms - saved[b.iteration] / 1e6 for b in w.backwards]
         speedup, step, bounds = w.predicted(mid)
-        confidence, doubt = confidence_of(Kind.COMPRESSION)
+        confidence, doubt = trust.confidence_of(Kind.COMPRESSION)
         hook = "bf16_compress_hook"  # DDP's refuses anything but NCCL or XCCL: GPU ranks here
         numerics = "bfloat16 (8 bits of mantissa)"
         out.append(Candidate(
@@ -163,7 +164,7 @@ def _accumulating(w: Window, per: Sequence[float], exposed: float, how: str) -> 
     """The accumulation candidate from its replayed updates (``per``: one per iteration of the window)."""
     k = ACCUMULATE
     speedup, step, bounds = w.predicted(per, samples=k)
-    confidence, doubt = confidence_of(Kind.ACCUMULATION)
+    confidence, doubt = trust.accumulation(w, speedup * k)
     return Candidate(
         Kind.ACCUMULATION, f"accumulate {k} micro-batches",
         f"for i, batch in enumerate(loader):\n    with (ddp.no_sync() if i % {k} != {k - 1} else nullcontext()):\n"

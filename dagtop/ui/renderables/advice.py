@@ -10,7 +10,14 @@ from rich.table import Table
 from rich.text import Text
 
 from dagtop.model.advice import Advice, Confidence
-from dagtop.model.advice_text import candidate_rows, cost_rows, little_line, lower_bound_key, waste_line
+from dagtop.model.advice_text import (
+    CONFIDENCE_KEY,
+    candidate_rows,
+    cost_rows,
+    little_line,
+    lower_bound_key,
+    waste_line,
+)
 from dagtop.model.cost import FixOrBuy
 
 NARROW = 90
@@ -97,7 +104,6 @@ class AdviceDetails:
             parts.append(Text.assemble((f"not predicted: {c.title}", "bold"), (f" · {c.kind}: {c.doubt}", "dim")))
         parts += [Text(""), Text("ms/step and range: the step with the change (its 95 % interval over the window, "
                                  "widened by the network fit's uncertainty); throughput: samples/s against now. "
-                                 "Validated: that kind of change was re-run for real within 10 % "
-                                 "(benchmarks/validate_advice.py); ? lower confidence.", style="dim"),
+                                 f"{CONFIDENCE_KEY}.", style="dim"),
                   Text("Press escape or a to close.", style="dim")]
         yield Group(*parts)
