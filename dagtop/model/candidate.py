@@ -178,6 +178,16 @@ class Window:
             a.measured_ms for a in self.analyses)
         return max(busy - spent, 0.0)
 
+    def compute_over_fastest(self) -> dict[int, float]:
+        """Each rank's median compute over the window less the fastest rank's, ms."""
+        compute: dict[int, list[float]] = {}
+        for a in self.analyses:
+            for row in a.per_rank:
+                compute.setdefault(row.rank, []).append(row.compute_ms)
+        typical = {r: statistics.median(xs) for r, xs in compute.items()}
+        fastest = min(typical.values(), default=0.0)
+        return {r: ms - fastest for r, ms in typical.items()}
+
     def unpredictable(self, change: Change) -> str:
         """Why the newest iteration's ``change`` could not be predicted (the what-if's reason), empty if it could."""
         for a in reversed(self.analyses):

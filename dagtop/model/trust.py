@@ -104,15 +104,11 @@ def backward_task_ms(w: Window) -> float | None:
 
 def slowest(w: Window) -> tuple[int | None, float]:
     """The rank whose median compute over the window is furthest over the fastest rank's, and by how many ms."""
-    compute: dict[int, list[float]] = {}
-    for a in w.analyses:
-        for row in a.per_rank:
-            compute.setdefault(row.rank, []).append(row.compute_ms)
-    typical = {r: statistics.median(xs) for r, xs in compute.items()}
-    if not typical:
+    over = w.compute_over_fastest()
+    if not over:
         return None, 0.0
-    rank = max(typical, key=typical.__getitem__)
-    return rank, typical[rank] - min(typical.values())
+    rank = max(over, key=over.__getitem__)
+    return rank, over[rank]
 
 
 def _on_cpu(w: Window) -> bool:

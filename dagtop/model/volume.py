@@ -116,19 +116,14 @@ def _on_the_thread(w: Window) -> tuple[dict[int, float], str] | None:
         return None
     update_cpu: dict[int, int] = {}
     update_wall: dict[int, int] = {}
-    compute: dict[int, list[float]] = {}
     for a in w.analyses:
         for r, cpu in w.thread_cpu[a.iteration].items():
             update_cpu[r] = update_cpu.get(r, 0) + cpu.update_ns
             update_wall[r] = update_wall.get(r, 0) + sum(t.duration_ns for t in a.tasks.by_rank.get(r, ())
                                                          if t.phase == "update")
-        for row in a.per_rank:
-            compute.setdefault(row.rank, []).append(row.compute_ms)
     share = {r: min(update_cpu[r] / update_wall[r], 1.0) if update_wall[r] and update_cpu[r] else 1.0
              for r in update_cpu}
-    typical = {r: statistics.median(xs) for r, xs in compute.items()}
-    fastest = min(typical.values(), default=0.0)
-    over = {r: ms - fastest for r, ms in typical.items()}
+    over = w.compute_over_fastest()
     host = {r.rank: r.host for r in w.infos}
     foreign = {h: w.foreign_ms(h) for h in set(host.values())}
     kept = {r: ms if (cap := foreign.get(host.get(r, ""))) is None else min(ms, cap) for r, ms in over.items()}
