@@ -27,7 +27,8 @@ CPU_COMM = 0.2
 """Where gloo's threads take at least this much of the backward per unit of all-reduce work beside it
 (:attr:`dagtop.model.buckets.BucketModel.steal`), a regrouping's gain is mostly CPU given back, the weakest part of
 the bucket model: over an MLP's tiny buckets a 1 MB cap re-ran ×0.98-1.12 where ×1.14-1.21 was predicted, 1 of 4
-within the target. Over a 1 Gbit/s link (0.05-0.06) 8 of 8 regroupings met it."""
+within the target. Over a 1 Gbit/s link (0.05-0.06) bucket_cap_mb=8 met it in 5 of 5 (MG-WFBP's grouping in 4 of 4
+before)."""
 
 RECORD = "docs/validation.md"
 """Where the re-runs behind each confidence are told, for the screens' key."""
