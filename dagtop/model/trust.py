@@ -92,12 +92,14 @@ def buckets(w: Window, keep: bool) -> tuple[Confidence, str]:
 
 
 def backward_task_ms(w: Window) -> float | None:
-    """The window's median of the ranks' mean backward task (a hooked layer's or block's backward), ms; None without
-    backward tasks."""
+    """The window's median of the ranks' mean backward task (a hooked layer's or block's backward, not a collective
+    run during it: the comm lane's are left out, as :func:`dagtop.model.bucket_map.backward_of` does), ms; None
+    without backward tasks."""
     per = []
     for a in w.analyses:
         means = [sum(ts) / len(ts) / 1e6 for ts in (
-            [t.duration_ns for t in a.tasks.by_rank.get(r, ()) if t.phase == "backward"] for r in a.ranks) if ts]
+            [t.duration_ns for t in a.tasks.by_rank.get(r, ()) if t.phase == "backward" and t.lane != "comm"]
+            for r in a.ranks) if ts]
         if means:
             per.append(statistics.median(means))
     return statistics.median(per) if per else None
